@@ -1,0 +1,263 @@
+"""Remote byte ranges through fsspec, from trio: deadlines, retries, length checks.
+
+fsspec's asynchronous filesystems (HTTP, S3, GCS ...) run on fsspec's own asyncio loop
+thread.  A request is submitted to that loop and its completion is handed back to trio
+through the trio token, so no thread is spent per request and a trio cancel scope (the
+deadline) cancels the asyncio task.  Synchronous filesystems (local files, memory) run in
+trio's worker threads.
+
+Every request has a deadline, transient failures are retried with jittered exponential
+backoff, and every answer's length is checked: a store that returns more or fewer bytes
+than asked is an error, never data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import fsspec
+import fsspec.asyn
+import trio
+
+from refmount.errors import FetchError
+
+log = logging.getLogger(__name__)
+
+LOCAL_PROTOCOLS = frozenset({"file", "local"})
+_RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+@dataclass
+class FetchPolicy:
+    """How patient refmount is with remote stores."""
+
+    timeout: float = 30.0  # seconds for one attempt
+    retries: int = 3  # further attempts after the first
+    backoff: float = 0.2  # first backoff, seconds; doubles each retry, jittered
+    max_requests: int = 64  # requests in flight, all hosts together
+    max_requests_per_host: int = 32
+
+
+@dataclass
+class FetchStats:
+    """Live counters, shown on the mount's root as extended attributes."""
+
+    requests: int = 0
+    bytes_fetched: int = 0
+    retries: int = 0
+    errors: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "requests": self.requests,
+            "bytes_fetched": self.bytes_fetched,
+            "retries": self.retries,
+            "errors": self.errors,
+        }
+
+
+class _Retry(Exception):
+    """An attempt failed in a way that may succeed if tried again."""
+
+
+def redact(url: str) -> str:
+    """The URL without user information or query string, for logs and xattrs."""
+    parts = urlsplit(url)
+    if not parts.scheme or parts.scheme in LOCAL_PROTOCOLS:
+        return url
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc = f"{netloc}:{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def protocol_of(url: str) -> str:
+    protocol, _ = fsspec.core.split_protocol(url)
+    return protocol or "file"
+
+
+@dataclass
+class _Target:
+    fs: Any
+    limiter: trio.CapacityLimiter
+
+
+@dataclass
+class Fetcher:
+    """Fetches byte ranges and sizes of remote files named by full URLs.
+
+    ``remote_options`` maps a protocol to the fsspec storage options of its filesystem.
+    """
+
+    remote_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    policy: FetchPolicy = field(default_factory=FetchPolicy)
+    stats: FetchStats = field(default_factory=FetchStats)
+
+    def __post_init__(self) -> None:
+        self._filesystems: dict[str, Any] = {}
+        self._hosts: dict[str, trio.CapacityLimiter] = {}
+        self._all = trio.CapacityLimiter(self.policy.max_requests)
+        self._sizes: dict[str, int] = {}
+        self._logged: set[tuple[str, str]] = set()
+
+    # -- public ---------------------------------------------------------------------------
+
+    async def fetch(self, url: str, start: int, end: int, *, allow_short: bool = False) -> bytes:
+        """Bytes ``[start, end)`` of ``url``.
+
+        Exactly ``end - start`` bytes, or with ``allow_short`` fewer when the file ends
+        before ``end`` (read-ahead past a file's end); never more.
+        """
+        if end <= start:
+            return b""
+        want = end - start
+
+        async def attempt(fs: Any, path: str) -> bytes:
+            if fs.async_impl:
+                data = await self._on_fsspec_loop(fs._cat_file(path, start=start, end=end))
+            else:
+                data = await trio.to_thread.run_sync(
+                    fs.cat_file, path, start, end, abandon_on_cancel=True
+                )
+            if len(data) > want or (len(data) < want and not allow_short):
+                raise _Retry(f"asked for {want} bytes at offset {start}, got {len(data)}")
+            return data
+
+        data = await self._with_retries(url, attempt)
+        self.stats.bytes_fetched += len(data)
+        return data
+
+    async def size(self, url: str) -> int:
+        """The size of a whole remote file, asked once and remembered."""
+        known = self._sizes.get(url)
+        if known is not None:
+            return known
+
+        async def attempt(fs: Any, path: str) -> int:
+            if fs.async_impl:
+                info = await self._on_fsspec_loop(fs._info(path))
+            else:
+                info = await trio.to_thread.run_sync(fs.info, path, abandon_on_cancel=True)
+            if info.get("type") == "directory":
+                raise FileNotFoundError(f"{path} is a directory")
+            size = info.get("size")
+            if not isinstance(size, int) or size < 0:
+                raise FetchError(f"the store gives no size for {redact(url)}")
+            return size
+
+        size = await self._with_retries(url, attempt)
+        self._sizes[url] = size
+        return size
+
+    # -- machinery ------------------------------------------------------------------------
+
+    def _target(self, url: str) -> tuple[Any, str, trio.CapacityLimiter]:
+        protocol = protocol_of(url)
+        fs = self._filesystems.get(protocol)
+        if fs is None:
+            fs = self._make_filesystem(protocol)
+            self._filesystems[protocol] = fs
+        host = f"{protocol}://{urlsplit(url).netloc}"
+        limiter = self._hosts.get(host)
+        if limiter is None:
+            limiter = self._hosts[host] = trio.CapacityLimiter(self.policy.max_requests_per_host)
+        return fs, fs._strip_protocol(url), limiter
+
+    def _make_filesystem(self, protocol: str) -> Any:
+        options = dict(self.remote_options.get(protocol, {}))
+        if protocol == "s3":
+            # botocore keeps 10 connections unless told otherwise; match our concurrency.
+            config = dict(options.get("config_kwargs", {}))
+            config.setdefault("max_pool_connections", self.policy.max_requests_per_host)
+            options["config_kwargs"] = config
+        try:
+            return fsspec.filesystem(protocol, **options)
+        except (ImportError, ValueError) as exc:
+            raise FetchError(f"no filesystem for protocol {protocol!r}: {exc}") from exc
+
+    async def _with_retries(self, url: str, attempt: Callable[[Any, str], Awaitable[Any]]) -> Any:
+        fs, path, host_limiter = self._target(url)
+        policy = self.policy
+        for n in range(policy.retries + 1):
+            if n:
+                self.stats.retries += 1
+                delay = policy.backoff * 2 ** (n - 1)
+                await trio.sleep(delay * random.uniform(0.5, 1.5))
+            try:
+                async with self._all, host_limiter:
+                    self.stats.requests += 1
+                    with trio.fail_after(policy.timeout):
+                        return await attempt(fs, path)
+            except trio.TooSlowError:
+                reason = f"no answer within {policy.timeout:g} s"
+            except _Retry as exc:
+                reason = str(exc)
+            except FetchError as exc:
+                self._fail(url, str(exc))
+                raise
+            except Exception as exc:
+                err, retry, reason = classify(exc)
+                if not retry:
+                    self._fail(url, reason)
+                    raise FetchError(f"{redact(url)}: {reason}", err) from exc
+            log.debug("attempt %d on %s failed: %s", n + 1, redact(url), reason)
+        self._fail(url, reason)
+        raise FetchError(f"{redact(url)}: {reason} (after {policy.retries + 1} attempts)")
+
+    def _fail(self, url: str, reason: str) -> None:
+        self.stats.errors += 1
+        # Log each distinct failure once, not once per READ; bound what we remember.
+        key = (url, reason.split(",")[0][:80])
+        if key not in self._logged:
+            if len(self._logged) > 10_000:
+                self._logged.clear()
+            self._logged.add(key)
+            log.warning("remote read failed: %s: %s", redact(url), reason)
+
+    @staticmethod
+    async def _on_fsspec_loop(coro: Any) -> Any:
+        """Await a coroutine on fsspec's asyncio loop; cancelling this cancels it there."""
+        future = asyncio.run_coroutine_threadsafe(coro, fsspec.asyn.get_loop())
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+
+        def wake(_: object) -> None:
+            try:
+                token.run_sync_soon(done.set)
+            except trio.RunFinishedError:
+                pass
+
+        future.add_done_callback(wake)
+        try:
+            await done.wait()
+        except BaseException:
+            future.cancel()
+            raise
+        return future.result()
+
+
+def classify(exc: BaseException) -> tuple[int, bool, str]:
+    """(errno for the reader, whether to retry, a short reason) for a failed attempt."""
+    if isinstance(exc, FileNotFoundError):
+        return errno.ENOENT, False, "not found"
+    if isinstance(exc, PermissionError):
+        return errno.EACCES, False, "access denied"
+    status = getattr(exc, "status", None) or getattr(exc, "code", None)
+    if isinstance(status, int) and 400 <= status < 600:
+        if status in (401, 403):
+            return errno.EACCES, False, f"HTTP {status}"
+        if status == 404:
+            return errno.ENOENT, False, "HTTP 404"
+        if status == 416:
+            return errno.EIO, False, "HTTP 416: range not satisfiable"
+        return errno.EIO, status in _RETRYABLE_STATUS or status >= 500, f"HTTP {status}"
+    if isinstance(exc, asyncio.CancelledError):
+        return errno.EIO, True, "request cancelled"
+    return errno.EIO, True, f"{type(exc).__name__}: {exc}"[:300]

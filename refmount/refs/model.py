@@ -1,0 +1,85 @@
+"""What a reference set looks like to the rest of refmount, whatever its on-disk format.
+
+A reference set is a mapping of keys (``temp/0.1``) to :class:`Ref` values.  Each format
+(JSON, Parquet) implements :class:`RefSet`; the tree layer turns it into inodes.  File keys
+are addressed by a dense integer *file id* that the format chooses (a row number, an
+array's base plus a chunk index) so that inode numbers are stable and computable without
+holding a per-key dictionary in memory.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """Where one key's bytes come from.
+
+    Exactly one of ``data`` (inline bytes) and ``url`` is set.  For a URL, ``length`` is
+    ``None`` when the reference is the whole remote file (``[url]``): its size must be
+    asked of the remote once.
+    """
+
+    data: bytes | None = None
+    url: str | None = None
+    offset: int = 0
+    length: int | None = None
+
+    @property
+    def inline(self) -> bool:
+        return self.data is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Child:
+    """One directory entry: ``file_id`` is ``None`` for a subdirectory.
+
+    ``cursor`` is an opaque, strictly increasing position: passing it back to
+    :meth:`RefSet.children` resumes the listing just after this entry.
+    """
+
+    name: str
+    file_id: int | None
+    cursor: int
+
+
+class RefSet(ABC):
+    """A parsed, validated reference set.  Paths are keys without a leading slash;
+    the root directory is ``""``."""
+
+    #: modification time of the reference set, seconds since the epoch
+    mtime: float
+
+    @abstractmethod
+    def file_id(self, key: str) -> int | None:
+        """The id of the file at ``key``, or ``None`` when there is no such file."""
+
+    @abstractmethod
+    def key(self, file_id: int) -> str:
+        """The key of a file id this set handed out."""
+
+    @abstractmethod
+    def ref(self, file_id: int) -> Ref:
+        """Where the bytes of a file id come from."""
+
+    @abstractmethod
+    def is_dir(self, path: str) -> bool:
+        """Whether ``path`` is a directory (``""`` always is)."""
+
+    @abstractmethod
+    def children(self, path: str, after: int = -1) -> Iterator[Child]:
+        """The entries of directory ``path`` in a stable order, starting after cursor
+        ``after`` (``-1``: from the beginning)."""
+
+    def url_extent(self, url: str) -> int | None:
+        """The end of the furthest byte any key references in ``url``, when known.
+
+        Read-ahead never fetches past it; ``None`` means unknown (read-ahead then stops at
+        the end of the remote file)."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most sets hold nothing to release
+        """Release what the set holds open."""

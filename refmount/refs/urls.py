@@ -1,0 +1,64 @@
+"""Turning the URLs written in a reference set into full URLs the fetcher can use."""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+
+import fsspec.core
+
+from refmount.errors import RefsError
+from refmount.fetch import LOCAL_PROTOCOLS
+
+
+@dataclass(frozen=True)
+class UrlResolver:
+    """Resolves target URLs against the reference set's location.
+
+    * A URL with a protocol (``s3://b/k``, ``https://h/p``) is used as written.
+    * Without one, ``remote_protocol`` is prefixed when given (fsspec's behaviour).
+    * Otherwise the URL is a path relative to the reference set's own directory (an
+      absolute path stays as is), like a relative link in a web page: a reference set
+      and its data files can be moved together.
+
+    A reference set read from a non-local location may not point at local files unless
+    ``allow_local`` is set: a downloaded refs file must not read the machine's files.
+    """
+
+    refs_url: str
+    remote_protocol: str | None = None
+    allow_local: bool = False
+
+    def __post_init__(self) -> None:
+        protocol, path = fsspec.core.split_protocol(self.refs_url)
+        object.__setattr__(self, "_refs_protocol", protocol or "file")
+        if protocol in (None, *LOCAL_PROTOCOLS):
+            base = posixpath.dirname(posixpath.abspath(path))
+        else:
+            base = self.refs_url.rsplit("/", 1)[0] if "/" in path else self.refs_url
+        object.__setattr__(self, "_base", base)
+
+    @property
+    def refs_is_local(self) -> bool:
+        return self._refs_protocol in LOCAL_PROTOCOLS
+
+    def __call__(self, url: str) -> str:
+        protocol, path = fsspec.core.split_protocol(url)
+        if protocol is None:
+            if self.remote_protocol and self.remote_protocol not in LOCAL_PROTOCOLS:
+                return f"{self.remote_protocol}://{url}"
+            protocol = "file"
+            if self.refs_is_local:
+                url = posixpath.normpath(posixpath.join(self._base, url))
+            elif url.startswith("/"):
+                pass  # an absolute local path in a remote refs file: checked below
+            else:
+                return f"{self._base}/{url}"
+        if protocol in LOCAL_PROTOCOLS and not (self.refs_is_local or self.allow_local):
+            raise RefsError(
+                f"target {url!r} is a local file, but the reference set is not local; "
+                "pass --allow-local to permit this"
+            )
+        if protocol in LOCAL_PROTOCOLS:
+            return posixpath.normpath(path) if protocol else url
+        return url

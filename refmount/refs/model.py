@@ -74,6 +74,10 @@ class RefSet(ABC):
         """The entries of directory ``path`` in a stable order, starting after cursor
         ``after`` (``-1``: from the beginning)."""
 
+    async def ensure(self, path: str) -> None:  # noqa: B027 - optional hook
+        """Load, without blocking the event loop, what the synchronous methods need for
+        ``path`` (a key or a directory).  Sets held fully in memory need nothing."""
+
     def url_extent(self, url: str) -> int | None:
         """The end of the furthest byte any key references in ``url``, when known.
 

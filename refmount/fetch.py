@@ -14,6 +14,7 @@ than asked is an error, never data.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import random
@@ -229,10 +230,8 @@ class Fetcher:
         done = trio.Event()
 
         def wake(_: object) -> None:
-            try:
+            with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(done.set)
-            except trio.RunFinishedError:
-                pass
 
         future.add_done_callback(wake)
         try:
@@ -258,6 +257,4 @@ def classify(exc: BaseException) -> tuple[int, bool, str]:
         if status == 416:
             return errno.EIO, False, "HTTP 416: range not satisfiable"
         return errno.EIO, status in _RETRYABLE_STATUS or status >= 500, f"HTTP {status}"
-    if isinstance(exc, asyncio.CancelledError):
-        return errno.EIO, True, "request cancelled"
     return errno.EIO, True, f"{type(exc).__name__}: {exc}"[:300]

@@ -1,0 +1,809 @@
+"""Parquet reference sets (LazyReferenceMapper layout): keys, ids, listings, laziness.
+
+Sets are built for real: with ``kerchunk.df.refs_to_dataframe`` from a JSON refs dict, with
+fsspec's ``LazyReferenceMapper`` + zarr 2, and with pyarrow for hostile rows.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import kerchunk.df
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import trio
+import zarr
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.reference import LazyReferenceMapper
+
+from refmount.errors import RefsError
+from refmount.refs.model import Child, Ref
+from refmount.refs.parquet import ParquetRefSet, is_parquet_refs
+from refmount.refs.urls import UrlResolver
+from refmount.refs.values import inline_bytes
+
+
+class CountingFS(LocalFileSystem):
+    """A local filesystem that remembers what was opened and listed."""
+
+    cachable = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.opened: list[str] = []
+        self.listed: list[str] = []
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        self.opened.append(self._strip_protocol(path))
+        return super()._open(path, mode, **kwargs)
+
+    def ls(self, path: str, detail: bool = False, **kwargs: Any) -> Any:
+        self.listed.append(self._strip_protocol(path))
+        return super().ls(path, detail=detail, **kwargs)
+
+
+class CountingResolver:
+    def __init__(self, base: Path) -> None:
+        self.inner = UrlResolver(str(base / "refs.parq"))
+        self.calls: list[str] = []
+
+    def __call__(self, path: str) -> str:
+        self.calls.append(path)
+        return self.inner(path)
+
+
+def zarray(shape: list[int], chunks: list[int], **extra: Any) -> str:
+    meta = {
+        "shape": shape,
+        "chunks": chunks,
+        "dtype": "<i2",
+        "compressor": None,
+        "fill_value": 0,
+        "filters": None,
+        "order": "C",
+        "zarr_format": 2,
+        **extra,
+    }
+    return json.dumps(meta)
+
+
+def b64(data: bytes) -> str:
+    return "base64:" + base64.b64encode(data).decode()
+
+
+# --- (a) a JSON refs dict converted with kerchunk ------------------------------------
+
+RECORD_SIZE = 5
+X_GRID = (4, 4)  # shape [7, 10], chunks [2, 3]
+X_MISSING = {3, 6, 10, 11, 12, 13, 14}  # 10..14 is all of record 2: no file
+
+
+def build_source(tmp_path: Path) -> dict[str, Any]:
+    """A JSON refs dict covering every kind of value, in refmount's key spelling."""
+    data = bytes(range(256)) * 8
+    (tmp_path / "data.bin").write_bytes(data)
+    (tmp_path / "whole.bin").write_bytes(b"whole file contents")
+    refs: dict[str, Any] = {
+        ".zgroup": '{"zarr_format": 2}',
+        ".zattrs": '{"title": "parquet test", "n": 3}',
+        "x/.zarray": zarray([7, 10], [2, 3]),
+        "x/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["a", "b"]}),
+        "s/.zarray": zarray([], []),
+        "s/0": b64(b"\x07\x00"),
+        "g/.zgroup": '{"zarr_format": 2}',
+        "g/sub/.zgroup": '{"zarr_format": 2}',
+        "g/sub/y/.zarray": zarray([5], [2]),
+        "g/sub/y/0": ["data.bin", 100, 4],
+        "g/sub/y/1": ["data.bin", 104, 4],
+        "g/sub/y/2": ["s3://bucket/far/away.nc", 7, 9],
+        "n/.zarray": zarray([4, 4, 3], [2, 2, 3], dimension_separator="/"),
+        "n/0/0/0": ["data.bin", 0, 12],
+        "n/0/1/0": b64(b"nested inline"),
+        "n/1/1/0": ["whole.bin"],
+        "e/.zarray": zarray([0, 5], [1, 5]),
+    }
+    for index in range(X_GRID[0] * X_GRID[1]):
+        if index in X_MISSING:
+            continue
+        key = f"x/{index // 4}.{index % 4}"
+        if index % 4 == 0:
+            refs[key] = b64(bytes([index]) * 5)
+        elif index % 4 == 1:
+            refs[key] = ["whole.bin"]
+        elif index == 2:
+            refs[key] = "plain text chunk"
+        else:
+            refs[key] = ["data.bin", 10 * index, 3 + index]
+    return refs
+
+
+def write_kerchunk(refs: dict[str, Any], out: Path) -> None:
+    """kerchunk/fsspec cannot write ``/``-separated chunk keys (they split on the last
+    ``/``): hand them the same chunk with ``.`` separators, which index identically."""
+    spelled = {}
+    for key, value in refs.items():
+        if key.startswith("n/") and not key.endswith(".zarray"):
+            key = "n/" + key[2:].replace("/", ".")
+        spelled[key] = value
+    kerchunk.df.refs_to_dataframe(spelled, str(out), record_size=RECORD_SIZE)
+
+
+def expected_ref(value: Any, key: str, resolve: UrlResolver) -> Ref:
+    if isinstance(value, list):
+        url = resolve(value[0])
+        if len(value) == 1:
+            return Ref(url=url)
+        return Ref(url=url, offset=value[1], length=value[2])
+    if key.rpartition("/")[2].startswith(".z"):
+        return Ref(data=inline_bytes(json.loads(value), key))
+    return Ref(data=inline_bytes(value, key))
+
+
+@pytest.fixture
+def kc(tmp_path: Path) -> tuple[ParquetRefSet, dict[str, Any], CountingFS, CountingResolver]:
+    refs = build_source(tmp_path)
+    out = tmp_path / "refs.parq"
+    write_kerchunk(refs, out)
+    fs = CountingFS()
+    resolver = CountingResolver(tmp_path)
+    rs = ParquetRefSet.open(fs, str(out), resolve=resolver, mtime=1234.5)
+    return rs, refs, fs, resolver
+
+
+def walk(rs: ParquetRefSet, path: str = "") -> Iterator[tuple[str, Child]]:
+    for child in rs.children(path):
+        full = f"{path}/{child.name}" if path else child.name
+        yield full, child
+        if child.file_id is None:
+            yield from walk(rs, full)
+
+
+def names(rs: ParquetRefSet, path: str, after: int = -1) -> list[str]:
+    return [c.name for c in rs.children(path, after)]
+
+
+def test_open_reads_only_zmetadata(kc) -> None:
+    rs, _, fs, resolver = kc
+    assert fs.opened == [f"{rs._root}/.zmetadata"]
+    assert fs.listed == []
+    assert rs.record_reads == 0 and rs.cached_records == 0 and rs.cache_bytes == 0
+    assert resolver.calls == []
+    assert rs.mtime == 1234.5
+    assert rs.record_size == RECORD_SIZE
+    # metadata and directories need no record file either
+    assert names(rs, "") == [".zattrs", ".zgroup", ".zmetadata", "e", "g", "n", "s", "x"]
+    assert rs.file_id("x/.zarray") is not None
+    assert rs.is_dir("g/sub/y") and rs.is_dir("n/1/0")
+    assert rs.record_reads == 0 and fs.opened == [f"{rs._root}/.zmetadata"]
+
+
+def test_directory_listings(kc) -> None:
+    rs, _, _, _ = kc
+    x_chunks = [f"{i // 4}.{i % 4}" for i in range(16) if i not in X_MISSING]
+    assert names(rs, "x") == [".zarray", ".zattrs", *x_chunks]
+    assert names(rs, "s") == [".zarray", "0"]
+    assert names(rs, "g") == [".zgroup", "sub"]
+    assert names(rs, "g/sub") == [".zgroup", "y"]
+    assert names(rs, "g/sub/y") == [".zarray", "0", "1", "2"]
+    assert names(rs, "e") == [".zarray"]
+    # nested: every in-grid index directory, chunk files only when they exist
+    assert names(rs, "n") == [".zarray", "0", "1"]
+    assert names(rs, "n/0") == ["0", "1"]
+    assert names(rs, "n/1") == ["0", "1"]
+    assert names(rs, "n/0/0") == ["0"]
+    assert names(rs, "n/0/1") == ["0"]
+    assert names(rs, "n/1/0") == []
+    assert names(rs, "n/1/1") == ["0"]
+    # not directories
+    for path in ["x/0.0", "x/.zarray", "n/0/0/0", "n/2", "n/0/2", "n/00", "nope", "x/0"]:
+        assert not rs.is_dir(path), path
+        assert list(rs.children(path)) == []
+    for path in ["", "x", "g", "g/sub", "g/sub/y", "n", "n/0", "n/1/1", "e", "s"]:
+        assert rs.is_dir(path), path
+        assert rs.file_id(path) is None
+
+
+def test_every_key_matches_the_source(kc, tmp_path: Path) -> None:
+    rs, refs, _, resolver = kc
+    resolve = UrlResolver(str(tmp_path / "refs.parq"))
+    listed = {path: child.file_id for path, child in walk(rs) if child.file_id is not None}
+    assert set(listed) == {*refs, ".zmetadata"}
+    for key, value in refs.items():
+        fid = rs.file_id(key)
+        assert fid is not None, key
+        assert listed[key] == fid
+        assert rs.key(fid) == key
+        assert rs.ref(fid) == expected_ref(value, key, resolve), key
+    # resolve ran once per distinct path string
+    assert sorted(resolver.calls) == ["data.bin", "s3://bucket/far/away.nc", "whole.bin"]
+    assert rs.ref(rs.file_id("x/0.1")) == Ref(url=str(tmp_path / "whole.bin"), length=None)
+    assert rs.ref(rs.file_id("x/0.2")) == Ref(data=b"plain text chunk")
+    assert rs.ref(rs.file_id("n/1/1/0")) == Ref(url=str(tmp_path / "whole.bin"))
+    assert rs.ref(rs.file_id("g/sub/y/2")) == Ref(url="s3://bucket/far/away.nc", offset=7, length=9)
+
+
+def test_file_ids_are_dense_and_invert(kc) -> None:
+    rs, refs, _, _ = kc
+    meta = sorted(k for k in [*refs, ".zmetadata"] if k.rpartition("/")[2].startswith(".z"))
+    assert [rs.file_id(k) for k in meta] == list(range(len(meta)))
+    m = len(meta)
+    # arrays in sorted name order: e (0 chunks), g/sub/y (3), n (4), s (1), x (16)
+    assert rs.file_id("g/sub/y/0") == m
+    assert rs.file_id("n/0/0/0") == m + 3
+    assert rs.file_id("n/1/1/0") == m + 3 + 3
+    assert rs.file_id("s/0") == m + 7
+    assert rs.file_id("x/0.0") == m + 8
+    assert rs.file_id("x/3.3") == m + 8 + 15
+    for fid in range(m + 24):
+        key = rs.key(fid)
+        if rs.file_id(key) is not None:
+            assert rs.file_id(key) == fid
+    assert rs.key(m + 8 + 3) == "x/0.3"  # a missing chunk's id still names its key
+    for bad in (-1, m + 24, 10**20):
+        with pytest.raises(KeyError):
+            rs.key(bad)
+        with pytest.raises(KeyError):
+            rs.ref(bad)
+    with pytest.raises(KeyError):
+        rs.ref(m + 8 + 3)  # no such chunk
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "x/1",  # too few indices for a 2-D array
+        "x/0.0.0",  # too many
+        "x/0.4",  # outside the 4x4 grid
+        "x/4.0",
+        "x/-0.0",  # sign
+        "x/+1.0",
+        "x/00.0",  # leading zeros: not canonical, not a file
+        "x/0.01",
+        "x/ 1.0",
+        "x/1.0 ",
+        "x/1..0",
+        "x/.0",
+        "x/0x1.0",
+        "x/1_0.0",
+        "x/\u0661.0",  # ARABIC-INDIC DIGIT ONE
+        "x/" + "9" * 5000 + ".0",
+        "x/0.3",  # missing chunk (empty row)
+        "x/2.2",  # in a record whose file does not exist
+        "x/3.3",
+        "x",
+        "x/",
+        "/x/0.0",
+        "x//0.0",
+        "s/1",
+        "s/0.0",
+        "s/00",
+        "n/0.0.0",  # the wrong separator for a '/' array
+        "n/0/0",
+        "n/0/0/1",
+        "n/2/0/0",
+        "n/1/0/0",  # missing
+        "e/0.0",
+        "g/sub/y/3",
+        "g/sub/0",
+        "nope",
+        "nope/0",
+        ".zmetadata/x",
+        "",
+    ],
+)
+def test_not_a_file(kc, key: str) -> None:
+    rs, _, _, _ = kc
+    assert rs.file_id(key) is None
+
+
+def test_consolidated_zmetadata(kc) -> None:
+    rs, refs, _, _ = kc
+    fid = rs.file_id(".zmetadata")
+    data = rs.ref(fid).data
+    assert data is not None
+    doc = json.loads(data)
+    meta_keys = {k for k in refs if k.rpartition("/")[2].startswith(".z")}
+    assert doc["zarr_consolidated_format"] == 1
+    assert set(doc["metadata"]) == meta_keys
+    for key in meta_keys:
+        assert doc["metadata"][key] == json.loads(refs[key])
+    assert data == json.dumps(doc, separators=(",", ":")).encode()
+    # zarr opens it as consolidated metadata
+    group = zarr.open_consolidated(RefMapping(rs))
+    assert group["x"].shape == (7, 10)
+    assert group["g/sub/y"].chunks == (2,)
+    assert group.attrs["title"] == "parquet test"
+
+
+def test_resume_after_any_cursor(kc) -> None:
+    rs, _, _, _ = kc
+    for path in ["", "x", "n", "n/0", "n/1/1", "g/sub/y", "s", "e"]:
+        full = list(rs.children(path))
+        cursors = [c.cursor for c in full]
+        assert cursors == sorted(set(cursors)), path
+        for i, child in enumerate(full):
+            assert list(rs.children(path, child.cursor)) == full[i + 1 :], (path, i)
+        assert list(rs.children(path, -1)) == full
+    # cursors of an array directory: metadata first, then 2 + chunk index
+    assert [c.cursor for c in rs.children("x")][:4] == [0, 1, 2, 3]
+    assert [c.cursor for c in rs.children("x")][-1] == 2 + 15
+    # resuming at a cursor that belongs to a missing chunk
+    assert names(rs, "x", 2 + 10) == ["3.3"]
+    assert names(rs, "x", 2 + 9) == ["3.3"]
+
+
+def test_resume_does_not_rescan(tmp_path: Path) -> None:
+    """Resuming near the end of a large directory reads only the last record."""
+    root = tmp_path / "big"
+    n = 100_000
+    write_set(root, {"a/.zarray": zarray([n], [1])}, record_size=10_000)
+    for r in range(10):
+        rows = range(r * 10_000, (r + 1) * 10_000)
+        write_record(root / "a" / f"refs.{r}.parq", ["f.bin"] * 10_000, list(rows), [1] * 10_000)
+    rs = ParquetRefSet.open(LocalFileSystem(), str(root), resolve=str, mtime=0)
+    tail = list(rs.children("a", 1 + n - 4))
+    assert [c.name for c in tail] == ["99997", "99998", "99999"]
+    assert rs.record_reads == 1
+    assert sum(1 for _ in rs.children("a")) == n + 1
+    assert rs.record_reads == 11
+
+
+# --- hostile input ------------------------------------------------------------------
+
+
+def write_set(root: Path, metadata: dict[str, Any], record_size: int = 4, **extra: Any) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    doc = {"metadata": metadata, "record_size": record_size, **extra}
+    (root / ".zmetadata").write_text(json.dumps(doc))
+
+
+def write_record(
+    path: Path,
+    paths: list[str | None] | None,
+    offsets: list[Any] | None,
+    sizes: list[Any] | None,
+    raws: list[bytes | None] | None = None,
+    *,
+    row_group_size: int | None = None,
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns: dict[str, Any] = {}
+    if paths is not None:
+        columns["path"] = pa.array(paths, pa.string()).dictionary_encode()
+    if offsets is not None:
+        columns["offset"] = offsets
+    if sizes is not None:
+        columns["size"] = sizes
+    if raws is not None:
+        columns["raw"] = pa.array(raws, pa.binary())
+    pq.write_table(pa.table(columns), path, row_group_size=row_group_size)
+
+
+def open_set(root: Path, **kwargs: Any) -> ParquetRefSet:
+    kwargs.setdefault("resolve", lambda p: f"memory://{p}")
+    return ParquetRefSet.open(LocalFileSystem(), str(root), mtime=0, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("zmetadata", "message"),
+    [
+        (b"{not json", ".zmetadata: invalid JSON"),
+        (b"[1, 2]", "expected a JSON object"),
+        (b'{"metadata": {}}', "'record_size' must be a positive integer"),
+        (b'{"metadata": {}, "record_size": "10"}', "record_size"),
+        (b'{"metadata": {}, "record_size": 0}', "record_size"),
+        (b'{"metadata": {}, "record_size": -3}', "record_size"),
+        (b'{"metadata": {}, "record_size": true}', "record_size"),
+        (b'{"metadata": {}, "record_size": 1.5}', "record_size"),
+        (b'{"metadata": [], "record_size": 10}', "'metadata' must be a JSON object"),
+        (b'{"record_size": 10}', "'metadata' must be a JSON object"),
+    ],
+)
+def test_bad_zmetadata(tmp_path: Path, zmetadata: bytes, message: str) -> None:
+    (tmp_path / ".zmetadata").write_bytes(zmetadata)
+    with pytest.raises(RefsError, match=message.replace("(", r"\(")):
+        open_set(tmp_path)
+
+
+def test_missing_zmetadata(tmp_path: Path) -> None:
+    with pytest.raises(RefsError, match="no such file"):
+        open_set(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("{not json", "invalid JSON"),
+        ("[1]", "must be a JSON object"),
+        ({"shape": [4], "chunks": [0]}, "chunks must be positive"),
+        ({"shape": [-1], "chunks": [1]}, "shape must be a list of non-negative integers"),
+        ({"shape": [4.0], "chunks": [1]}, "shape must be"),
+        ({"shape": [True], "chunks": [1]}, "shape must be"),
+        ({"shape": 4, "chunks": [1]}, "shape must be"),
+        ({"chunks": [1]}, "shape must be"),
+        ({"shape": [4], "chunks": "1"}, "chunks must be"),
+        ({"shape": [4, 4], "chunks": [1]}, "different lengths"),
+        ({"shape": [4], "chunks": [1], "dimension_separator": "-"}, "dimension_separator"),
+    ],
+)
+def test_bad_zarray(tmp_path: Path, value: Any, message: str) -> None:
+    write_set(tmp_path, {".zgroup": {"zarr_format": 2}, "grp/arr/.zarray": value})
+    with pytest.raises(RefsError, match=message) as info:
+        open_set(tmp_path)
+    assert "grp/arr/.zarray" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [3, None, [1, 2], True])
+def test_bad_metadata_value(tmp_path: Path, value: Any) -> None:
+    write_set(tmp_path, {"grp/.zattrs": value})
+    with pytest.raises(RefsError, match="grp/.zattrs"):
+        open_set(tmp_path)
+
+
+def test_too_many_chunks(tmp_path: Path) -> None:
+    write_set(tmp_path, {"big/.zarray": {"shape": [2**40, 2**20], "chunks": [1, 1]}})
+    with pytest.raises(RefsError, match="big/.zarray"):
+        open_set(tmp_path)
+
+
+def test_odd_keys_are_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    write_set(
+        tmp_path,
+        {
+            ".zgroup": {"zarr_format": 2},
+            ".zmetadata": {"metadata": {}, "zarr_consolidated_format": 1},  # replaced
+            "../evil/.zgroup": {"zarr_format": 2},
+            "a//b": "x",
+            "/abs": "x",
+            "c/./d": "x",
+            "nul\0/x": "x",
+            "long/" + "n" * 256: "x",
+            "arr/.zarray": {"shape": [4], "chunks": [1]},
+            "arr/.zattrs": '{"k": "v"}',
+            "arr/0": "would collide with a chunk",  # digit names below an array
+            "arr/7up": "digit first",
+            "arr/sub/.zarray": {"shape": [1], "chunks": [1]},  # array inside an array
+            "arr/sub/.zattrs": {},
+            "arr/notes": "kept: a plain file in the array directory",
+            "clash": "a file that is also a directory",
+            "clash/.zgroup": {"zarr_format": 2},
+            "text": "not JSON at all",
+            "jsontext": '{"a": [1, 2]}',
+        },
+    )
+    with caplog.at_level(logging.WARNING, logger="refmount.refs.parquet"):
+        rs = open_set(tmp_path)
+    assert names(rs, "") == [".zgroup", ".zmetadata", "arr", "clash", "jsontext", "text"]
+    assert names(rs, "arr") == [".zarray", ".zattrs", "notes"]
+    assert names(rs, "clash") == [".zgroup"]
+    assert rs.file_id("clash") is None and rs.is_dir("clash")
+    assert rs.ref(rs.file_id("text")) == Ref(data=b"not JSON at all")
+    assert rs.ref(rs.file_id("jsontext")) == Ref(data=b'{"a": [1, 2]}')
+    assert rs.ref(rs.file_id("arr/.zattrs")) == Ref(data=b'{"k": "v"}')
+    doc = json.loads(rs.ref(rs.file_id(".zmetadata")).data)
+    assert doc == {
+        "metadata": {
+            ".zgroup": {"zarr_format": 2},
+            "arr/.zarray": {"shape": [4], "chunks": [1]},
+            "arr/.zattrs": {"k": "v"},
+            "arr/notes": "kept: a plain file in the array directory",
+            "clash/.zgroup": {"zarr_format": 2},
+            "text": "not JSON at all",
+            "jsontext": {"a": [1, 2]},
+        },
+        "zarr_consolidated_format": 1,
+    }
+    warned = caplog.text
+    for key in ["../evil/.zgroup", "a//b", "/abs", "c/./d", "arr/0", "arr/7up", "'clash'"]:
+        assert key in warned, key
+    assert "skipping array 'arr/sub'" in warned
+
+
+def test_bad_rows_are_not_served(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def resolve(path: str) -> str:
+        if path.startswith("/etc"):
+            raise RefsError(f"target {path!r} is a local file")
+        return f"s3://b/{path}"
+
+    write_set(tmp_path, {"a/.zarray": {"shape": [10], "chunks": [1]}}, record_size=10)
+    write_record(
+        tmp_path / "a" / "refs.0.parq",
+        ["f", "f", "f", "f", "/etc/passwd", "", None, None, "f", "f"],
+        [0, -1, 5, 2**63 - 2, 0, 0, 0, 3, 0, 4],
+        [4, 4, -5, 10, 4, 4, 0, 3, 0, 0],
+        [None, None, None, None, None, None, b"inline", None, None, None],
+    )
+    with caplog.at_level(logging.WARNING, logger="refmount.refs.parquet"):
+        rs = open_set(tmp_path, resolve=resolve, record_cache_bytes=0)
+        assert names(rs, "a") == [".zarray", "0", "6", "8", "9"]
+        for _ in range(3):  # re-read each time: the cache holds nothing
+            assert [rs.file_id(f"a/{i}") is None for i in range(10)] == [
+                False, True, True, True, True, True, False, True, False, False,
+            ]  # fmt: skip
+    assert rs.ref(rs.file_id("a/0")) == Ref(url="s3://b/f", offset=0, length=4)
+    assert rs.ref(rs.file_id("a/6")) == Ref(data=b"inline")
+    assert rs.ref(rs.file_id("a/8")) == Ref(url="s3://b/f", length=None)
+    assert rs.ref(rs.file_id("a/9")) == Ref(url="s3://b/f", offset=4, length=0)
+    rows = [r for r in caplog.records if "are not served" in r.getMessage()]
+    assert len(rows) == 1 and "5 rows" in rows[0].getMessage()
+    assert sum("/etc/passwd" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_unreadable_record_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    write_set(
+        tmp_path,
+        {
+            "garbage/.zarray": {"shape": [2], "chunks": [1]},
+            "floats/.zarray": {"shape": [2], "chunks": [1]},
+            "textraw/.zarray": {"shape": [2], "chunks": [1]},
+            "nopath/.zarray": {"shape": [2], "chunks": [1]},
+            "onlyraw/.zarray": {"shape": [2], "chunks": [1]},
+            "intraw/.zarray": {"shape": [2], "chunks": [1]},
+        },
+    )
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage" / "refs.0.parq").write_bytes(b"PAR1 this is not parquet PAR1")
+    write_record(tmp_path / "floats" / "refs.0.parq", ["f", "f"], [0.5, 1.0], [1, 1])
+    pq.write_table(
+        pa.table({"raw": pa.array(["text raw", None]), "path": ["p", "p"]}),
+        tmp_path / "textraw" / "refs.0.parq" if (tmp_path / "textraw").mkdir() is None else "",
+    )
+    write_record(tmp_path / "nopath" / "refs.0.parq", None, [1, 2], [3, 4], [b"r", None])
+    write_record(tmp_path / "onlyraw" / "refs.0.parq", None, None, None, [None, b"only"])
+    pq.write_table(pa.table({"raw": [1, 2]}), tmp_path / "intraw" / "refs.0.parq")
+    with caplog.at_level(logging.WARNING, logger="refmount.refs.parquet"):
+        rs = open_set(tmp_path)
+        for _ in range(2):
+            assert names(rs, "garbage") == [".zarray"]
+            assert rs.file_id("garbage/0") is None
+        assert names(rs, "floats") == [".zarray"]
+        assert names(rs, "intraw") == [".zarray"]
+    assert names(rs, "textraw") == [".zarray", "0", "1"]
+    assert rs.ref(rs.file_id("textraw/0")) == Ref(data=b"text raw")
+    # no offset/size columns: a path row is a whole file
+    assert rs.ref(rs.file_id("textraw/1")) == Ref(url="memory://p", length=None)
+    assert names(rs, "nopath") == [".zarray", "0"]
+    assert names(rs, "onlyraw") == [".zarray", "1"]
+    assert rs.ref(rs.file_id("onlyraw/1")) == Ref(data=b"only")
+    unreadable = [r for r in caplog.records if "unreadable record file" in r.getMessage()]
+    assert len(unreadable) == 3
+
+
+def test_several_row_groups_and_plain_strings(tmp_path: Path) -> None:
+    """Dictionaries differ per row group; a plain (not dictionary) path column works."""
+    write_set(
+        tmp_path,
+        {"d/.zarray": {"shape": [6], "chunks": [1]}, "p/.zarray": {"shape": [3], "chunks": [1]}},
+        record_size=6,
+    )
+    write_record(
+        tmp_path / "d" / "refs.0.parq",
+        ["u0", "u1", "u0", "u2", None, "u2"],
+        [1, 2, 3, 4, 5, 6],
+        [1, 1, 1, 1, 1, 1],
+        row_group_size=2,
+    )
+    (tmp_path / "p").mkdir()
+    pq.write_table(
+        pa.table({"path": ["a", None, "b"], "offset": [0, 0, 9], "size": [0, 0, 1]}),
+        tmp_path / "p" / "refs.0.parq",
+    )
+    rs = open_set(tmp_path)
+    got = {c.name: rs.ref(c.file_id) for c in rs.children("d") if c.file_id and c.name[0] != "."}
+    assert got == {
+        "0": Ref(url="memory://u0", offset=1, length=1),
+        "1": Ref(url="memory://u1", offset=2, length=1),
+        "2": Ref(url="memory://u0", offset=3, length=1),
+        "3": Ref(url="memory://u2", offset=4, length=1),
+        "5": Ref(url="memory://u2", offset=6, length=1),
+    }
+    assert names(rs, "p") == [".zarray", "0", "2"]
+    assert rs.ref(rs.file_id("p/2")) == Ref(url="memory://b", offset=9, length=1)
+
+
+def test_root_array_and_one_dimensional_nested(tmp_path: Path) -> None:
+    write_set(
+        tmp_path,
+        {".zarray": {"shape": [3, 2], "chunks": [1, 1]}, ".zattrs": {}},
+        record_size=4,
+    )
+    write_record(tmp_path / "refs.1.parq", ["u", None, "u", "u"], [0, 0, 8, 0], [4, 0, 4, 0])
+    rs = open_set(tmp_path)
+    assert names(rs, "") == [".zarray", ".zattrs", ".zmetadata", "2.0", "2.1"]
+    assert rs.file_id("2.0") == 3 + 4 and rs.key(7) == "2.0"
+    assert rs.file_id("0.0") is None  # record 0 has no file
+    assert rs.ref(rs.file_id("2.1")) == Ref(url="memory://u")
+
+    other = tmp_path / "other"
+    write_set(other, {"v/.zarray": {"shape": [3], "chunks": [1], "dimension_separator": "/"}})
+    write_record(other / "v" / "refs.0.parq", ["u", None, "u"], [1, 0, 3], [1, 0, 1])
+    rs = open_set(other)
+    assert names(rs, "v") == [".zarray", "0", "2"]
+    assert rs.file_id("v/2") is not None and not rs.is_dir("v/0")
+
+
+def test_is_parquet_refs(kc, tmp_path: Path) -> None:
+    rs, _, _, _ = kc
+    fs = LocalFileSystem()
+    assert is_parquet_refs(fs, rs._root)
+    assert is_parquet_refs(fs, rs._root + "/")
+    (tmp_path / "plain.json").write_text("{}")
+    assert not is_parquet_refs(fs, str(tmp_path / "plain.json"))
+    assert not is_parquet_refs(fs, str(tmp_path / "x"))  # a directory without .zmetadata
+    assert not is_parquet_refs(fs, str(tmp_path / "missing"))
+
+
+# --- laziness, the LRU and ensure() --------------------------------------------------
+
+
+def test_records_are_read_lazily(kc) -> None:
+    rs, _, fs, _ = kc
+    root = rs._root
+    assert rs.file_id("x/0.1") is not None
+    assert fs.opened[1:] == [f"{root}/x/refs.0.parq"]
+    assert rs.file_id("x/0.2") is not None  # same record: cached
+    assert rs.file_id("x/2.1") is not None  # record 1
+    assert rs.file_id("x/2.2") is None  # record 2: no file
+    assert fs.opened[1:] == [f"{root}/x/refs.0.parq", f"{root}/x/refs.1.parq"][:2] + [
+        f"{root}/x/refs.2.parq"
+    ]
+    assert rs.file_id("x/2.3") is None  # known missing: not tried again
+    assert rs.record_reads == 3
+    assert fs.listed == []
+    list(rs.children("x"))  # lists the record files, skips the missing one
+    assert fs.listed == [f"{root}/x"]
+    assert fs.opened[-1] == f"{root}/x/refs.3.parq"
+    assert rs.record_reads == 4
+
+
+def test_lru_is_bounded(kc) -> None:
+    rs, refs, _, _ = kc
+    everything = [(p, c) for p, c in walk(rs)]
+    reads = rs.record_reads
+    one_record = max(r.nbytes for r in rs._cache._items.values() if r is not None)
+    assert rs.cache_bytes <= 256 << 20 and rs.cached_records == reads
+    list(walk(rs))
+    assert rs.record_reads == reads  # all cached
+
+    small = ParquetRefSet.open(
+        LocalFileSystem(), rs._root, resolve=rs._resolve, mtime=0, record_cache_bytes=one_record
+    )
+    assert [(p, c) for p, c in walk(small)] == everything
+    for key in refs:
+        assert small.ref(small.file_id(key)) == rs.ref(rs.file_id(key))
+        assert small.cache_bytes <= one_record
+    assert small.cached_records <= 1 + 2  # one record plus known-missing markers
+    assert small.record_reads > 2 * reads
+
+    none = ParquetRefSet.open(
+        LocalFileSystem(), rs._root, resolve=rs._resolve, mtime=0, record_cache_bytes=0
+    )
+    assert [(p, c) for p, c in walk(none)] == everything
+    assert none.cache_bytes == 0 and none.cached_records == 0
+
+
+def test_record_memory_is_compact(tmp_path: Path) -> None:
+    """100k rows into a few files cost a few bytes per row, not Python objects."""
+    n = 100_000
+    write_set(tmp_path, {"a/.zarray": {"shape": [n], "chunks": [1]}}, record_size=n)
+    urls = [f"s3://bucket/a/long/prefix/to/the/data/file_{i % 30:02d}.nc" for i in range(n)]
+    write_record(tmp_path / "a" / "refs.0.parq", urls, list(range(n)), [100] * n)
+    rs = open_set(tmp_path)
+    assert rs.file_id("a/99999") is not None
+    assert rs.cached_records == 1
+    assert rs.cache_bytes < 30 * n  # codes, offsets, sizes, served rows, raw validity
+    assert rs.ref(rs.file_id("a/31")) == Ref(
+        url="memory://s3://bucket/a/long/prefix/to/the/data/file_01.nc", offset=31, length=100
+    )
+
+
+def test_ensure_loads_in_a_thread_once(kc) -> None:
+    rs, _, fs, _ = kc
+    root = rs._root
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(rs.ensure, "x/2.1")
+                nursery.start_soon(rs.ensure, "g/sub/y/1")
+        assert rs.record_reads == 2
+        await rs.ensure("x/2.1")
+        await rs.ensure("x/.zarray")
+        await rs.ensure("g")
+        await rs.ensure("no/such/thing")
+        await rs.ensure("x/9.9")
+        assert rs.record_reads == 2
+        # a listing resumed after chunk 9 needs record 3 (record 2 has no file)
+        await rs.ensure("x", 2 + 9)
+        assert fs.listed == [f"{root}/x"]
+        assert fs.opened[-1] == f"{root}/x/refs.3.parq"
+        await rs.ensure("n/1/1")
+        await rs.ensure("n")  # index directories need no record
+        await rs.ensure("s")
+
+    trio.run(main)
+    reads = rs.record_reads
+    assert reads == 6
+    assert rs.file_id("x/2.1") is not None and rs.file_id("g/sub/y/1") is not None
+    assert names(rs, "x", 2 + 9) == ["3.3"]
+    assert names(rs, "n/1/1") == ["0"] and names(rs, "s") == [".zarray", "0"]
+    assert rs.record_reads == reads
+
+
+# --- (b) written by fsspec's LazyReferenceMapper through zarr -------------------------
+
+
+class RefMapping(Mapping[str, bytes]):
+    """The bytes of every key, as a mount would serve them (local targets only)."""
+
+    def __init__(self, rs: ParquetRefSet) -> None:
+        self.rs = rs
+
+    def __getitem__(self, key: str) -> bytes:
+        fid = self.rs.file_id(key)
+        if fid is None:
+            raise KeyError(key)
+        ref = self.rs.ref(fid)
+        if ref.data is not None:
+            return ref.data
+        assert ref.url is not None
+        with open(ref.url, "rb") as f:
+            f.seek(ref.offset)
+            return f.read() if ref.length is None else f.read(ref.length)
+
+    def __iter__(self) -> Iterator[str]:
+        return (p for p, c in walk(self.rs) if c.file_id is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def test_lazy_reference_mapper_and_zarr(tmp_path: Path) -> None:
+    root = tmp_path / "ref.parquet"
+    lz = LazyReferenceMapper.create(str(root), record_size=7)
+    group = zarr.open_group(lz, mode="w")
+    temp = group.create_dataset("temp", shape=(9, 10), chunks=(2, 3), dtype="i4", fill_value=-1)
+    values = np.arange(90, dtype="i4").reshape(9, 10)
+    temp[:4, :] = values[:4, :]  # chunk rows 0-1 only: the rest stay missing
+    temp[8, 9] = 7
+    scalar = group.create_dataset("scalar", shape=(), dtype="f8")
+    scalar[...] = 2.5
+    deep = group.create_group("deep").create_group("er")
+    name = deep.create_dataset("name", shape=(1,), dtype="u1")
+    name[:] = 1
+    group.attrs["about"] = "lazy"
+    lz.flush()
+
+    rs = ParquetRefSet.open(LocalFileSystem(), str(root), resolve=str, mtime=0)
+    assert names(rs, "") == [".zattrs", ".zgroup", ".zmetadata", "deep", "scalar", "temp"]
+    assert names(rs, "deep/er") == [".zgroup", "name"]
+    assert names(rs, "deep/er/name") == [".zarray", "0"]
+    assert names(rs, "scalar") == [".zarray", "0"]
+    assert names(rs, "temp") == [".zarray", *(f"{i}.{j}" for i in range(2) for j in range(4)), "4.3"]
+
+    # the same bytes as fsspec's own reader, key by key
+    ref_fs = fsspec.filesystem("reference", fo=str(root), remote_protocol="file")
+    mapping = RefMapping(rs)
+    for key in mapping:
+        if key.rpartition("/")[2].startswith(".z"):
+            assert json.loads(mapping[key]) == json.loads(ref_fs.cat_file(key)), key
+        else:
+            assert mapping[key] == ref_fs.cat_file(key), key
+
+    # zarr reads the data back through consolidated metadata
+    opened = zarr.open_consolidated(mapping)
+    expected = np.full((9, 10), -1, dtype="i4")
+    expected[:4, :] = values[:4, :]
+    expected[8, 9] = 7
+    np.testing.assert_array_equal(opened["temp"][:], expected)
+    assert opened["scalar"][...] == 2.5
+    np.testing.assert_array_equal(opened["deep/er/name"][:], [1])
+    assert opened.attrs["about"] == "lazy"

@@ -402,13 +402,16 @@ class BlockCache:
             s.grow_at = pos + s.window // 2
         if s.ahead_end < pos:
             s.ahead_end = pos
-        # Refill once the reader has used up a step of the window: half of a small
-        # window, one part of a large one (so large windows keep parts flowing).
-        step = min(s.window // 2, self.max_part)
-        if s.ahead_end - pos > s.window - step:
+        # Refill in whole steps once the reader has used one up: half of a small window,
+        # one part of a large one (so large windows keep full-size parts flowing).
+        step = max(min(s.window // 2, self.max_part), self.block_size)
+        room = pos + s.window - s.ahead_end
+        if room < step:
             return
+        target = s.ahead_end + room // step * step
         limit = self._ahead_limit_of(url)
-        target = pos + s.window if limit is None else min(pos + s.window, limit)
+        if limit is not None:
+            target = min(target, limit)
         if target > s.ahead_end:
             s.ahead_end = self._prefetch(url, s.ahead_end, target, limit)
 

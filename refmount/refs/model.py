@@ -74,6 +74,10 @@ class RefSet(ABC):
         """The entries of directory ``path`` in a stable order, starting after cursor
         ``after`` (``-1``: from the beginning)."""
 
+    def subdirectory_count(self, path: str) -> int:
+        """How many subdirectories directory ``path`` has (its ``nlink`` is this plus 2)."""
+        return sum(1 for child in self.children(path) if child.file_id is None)
+
     async def ensure(self, path: str) -> None:  # noqa: B027 - optional hook
         """Load, without blocking the event loop, what the synchronous methods need for
         ``path`` (a key or a directory).  Sets held fully in memory need nothing."""

@@ -64,6 +64,8 @@ ZMETADATA = ".zmetadata"
 #: file ids must fit comfortably in inode numbers
 MAX_FILE_IDS = 1 << 48
 _INT64_MAX = (1 << 63) - 1
+#: rows of a record are numbered with int32
+_MAX_RECORD_SIZE = (1 << 31) - 1
 _INDEX_RE = re.compile(r"0|[1-9][0-9]{0,19}")
 _RECORD_NAME_RE = re.compile(r"refs\.(0|[1-9][0-9]{0,19})\.parq")
 #: what a remembered "this record file does not exist" costs in the LRU
@@ -72,6 +74,8 @@ _RECORD_OVERHEAD = 512
 _RESOLVE_CACHE_MAX = 4096
 _WARN_ONCE_MAX = 10_000
 _COLUMNS = ("path", "offset", "size", "raw")
+_FIRST_BATCH = 64
+_MAX_BATCH = 8192
 
 
 def is_parquet_refs(fs: Any, root: str) -> bool:
@@ -131,6 +135,11 @@ class _Array:
         """The key of a chunk, relative to the array directory."""
         return ("/" if self.nested else ".").join(map(str, self.unravel(index)))
 
+    def chunk_names(self, indices: np.ndarray) -> list[str]:
+        """:meth:`chunk_name` of many indices (int64: file ids stay below 2**48)."""
+        columns = [list(map(str, c.tolist())) for c in np.unravel_index(indices, self.grid)]
+        return list(map(("/" if self.nested else ".").join, zip(*columns, strict=True)))
+
 
 class _Record:
     """The decoded rows of one record file.
@@ -145,7 +154,7 @@ class _Record:
     def __init__(
         self,
         rows: np.ndarray,
-        raw: pa.Array,
+        raw: pa.Array | None,
         codes: np.ndarray,
         urls: pa.Array,
         offsets: np.ndarray,
@@ -163,23 +172,27 @@ class _Record:
             + codes.nbytes
             + offsets.nbytes
             + sizes.nbytes
-            + raw.get_total_buffer_size()
+            + (0 if raw is None else raw.get_total_buffer_size())
             + urls.get_total_buffer_size()
         )
 
+    # searchsorted gets values of the array's own dtype: a Python int would make numpy
+    # convert the whole array to int64 first (30 us for 100k rows instead of 1 us).
+
     def has(self, row: int) -> bool:
-        pos = int(np.searchsorted(self.rows, row))
+        pos = int(np.searchsorted(self.rows, np.int32(row)))
         return pos < len(self.rows) and int(self.rows[pos]) == row
 
     def rows_in(self, lo: int, hi: int) -> np.ndarray:
         """The served rows in ``[lo, hi)``, found by bisection."""
-        a, b = np.searchsorted(self.rows, (lo, hi))
+        a, b = np.searchsorted(self.rows, np.array((lo, hi), dtype=np.int32))
         return self.rows[a:b]
 
     def ref(self, row: int) -> Ref:
-        data = self.raw[row]
-        if data.is_valid:
-            return Ref(data=data.as_py())
+        if self.raw is not None:
+            data = self.raw[row]
+            if data.is_valid:
+                return Ref(data=data.as_py())
         url = self.urls[int(self.codes[row])].as_py()
         offset, size = int(self.offsets[row]), int(self.sizes[row])
         if offset == 0 and size == 0:
@@ -240,6 +253,18 @@ class _RecordCache:
         with self._lock:
             self._items.clear()
             self.bytes = 0
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """The same integers in the smallest of int8/16/32/64 that holds them all."""
+    if not len(values):
+        return values
+    low, high = int(values.min()), int(values.max())
+    for dtype in (np.int8, np.int16, np.int32):
+        info = np.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return values.astype(dtype)
+    return values
 
 
 # --- opening: .zmetadata ------------------------------------------------------------
@@ -333,8 +358,11 @@ def _load_zmetadata(fs: Any, root: str) -> tuple[dict[str, Any], int]:
     metadata, record_size = doc.get("metadata"), doc.get("record_size")
     if not isinstance(metadata, dict):
         raise RefsError(f"{path}: 'metadata' must be a JSON object")
-    if not _is_count(record_size) or record_size == 0:
-        raise RefsError(f"{path}: 'record_size' must be a positive integer, got {record_size!r}")
+    if not _is_count(record_size) or not 0 < record_size <= _MAX_RECORD_SIZE:
+        raise RefsError(
+            f"{path}: 'record_size' must be an integer from 1 to {_MAX_RECORD_SIZE}, "
+            f"got {record_size!r}"
+        )
     return metadata, record_size
 
 
@@ -588,6 +616,22 @@ class ParquetRefSet(RefSet):
         if found is not None:
             yield from self._index_children(*found, after)
 
+    def subdirectory_count(self, path: str) -> int:
+        """Counted without listing chunks: only nested index directories are
+        subdirectories of arrays, and those exist for the whole grid."""
+        entries = self._dirs.get(path)
+        if entries is not None:
+            count = sum(1 for _, fid in entries if fid is None)
+            arr = self._by_name.get(path)
+            if arr is not None and arr.nested and arr.ndim > 1 and arr.nchunks:
+                count += arr.grid[0]
+            return count
+        found = self._index_dir(path)
+        if found is None:
+            return 0
+        arr, indices = found
+        return arr.grid[len(indices)] if len(indices) < arr.ndim - 1 else 0
+
     def _array_children(self, arr: _Array, after: int) -> Iterator[Child]:
         """The chunks (or first-level index directories) of an array, after ``after``."""
         cursor0 = arr.meta_count
@@ -596,8 +640,9 @@ class ParquetRefSet(RefSet):
                 for i in range(max(after + 1, 0), arr.grid[0]):
                     yield Child(str(i), None, cursor0 + i)
             return
-        for index in self._present(arr, max(after + 1, 0), arr.nchunks):
-            yield Child(arr.chunk_name(index), arr.base + index, cursor0 + index)
+        for batch in self._present(arr, max(after + 1, 0), arr.nchunks):
+            for name, index in zip(arr.chunk_names(batch), batch.tolist(), strict=True):
+                yield Child(name, arr.base + index, cursor0 + index)
 
     def _index_children(self, arr: _Array, indices: list[int], after: int) -> Iterator[Child]:
         level = len(indices)
@@ -607,8 +652,9 @@ class ParquetRefSet(RefSet):
                 yield Child(str(i), None, i)
             return
         lo = sum(i * s for i, s in zip(indices, arr.strides, strict=False))
-        for index in self._present(arr, lo + start, lo + arr.grid[-1]):
-            yield Child(str(index - lo), arr.base + index, index - lo)
+        for batch in self._present(arr, lo + start, lo + arr.grid[-1]):
+            for index in batch.tolist():
+                yield Child(str(index - lo), arr.base + index, index - lo)
 
     def _listing_range(self, path: str, after: int) -> tuple[_Array, int, int] | None:
         """The array and chunk index range ``[start, stop)`` a listing will read."""
@@ -626,10 +672,14 @@ class ParquetRefSet(RefSet):
         lo = sum(i * s for i, s in zip(indices, arr.strides, strict=False))
         return arr, lo + max(after + 1, 0), lo + arr.grid[-1]
 
-    def _present(self, arr: _Array, start: int, stop: int) -> Iterator[int]:
-        """Indices in ``[start, stop)`` of the chunks that exist, reading their records."""
+    def _present(self, arr: _Array, start: int, stop: int) -> Iterator[np.ndarray]:
+        """Indices (int64) in ``[start, stop)`` of the chunks that exist, in batches.
+
+        Batches start small and grow: a listing resumed for a few entries (one FUSE
+        readdir call) pays for a few names, a long listing for few batches."""
         size = self.record_size
         record_no = start // size
+        batch = _FIRST_BATCH
         while start < stop:
             record_no = self._next_record(arr, record_no, (stop - 1) // size)
             if record_no is None:
@@ -638,8 +688,11 @@ class ParquetRefSet(RefSet):
             record = self._record(arr, record_no)
             if record is not None:
                 rows = record.rows_in(max(start, first) - first, min(stop, first + size) - first)
-                for row in rows.tolist():
-                    yield first + row
+                pos = 0
+                while pos < len(rows):
+                    yield rows[pos : pos + batch].astype(np.int64) + first
+                    pos += batch
+                    batch = min(batch * 2, _MAX_BATCH)
             record_no += 1
             start = record_no * size
 
@@ -685,14 +738,19 @@ class ParquetRefSet(RefSet):
         hit = self._cache.get(key)
         if hit is not _NOT_CACHED:
             return hit
-        listed = self._listed.get(arr.index)
-        if listed is not None:
-            pos = int(np.searchsorted(listed, record_no))
-            if pos == len(listed) or int(listed[pos]) != record_no:
-                return None
+        if self._known_missing(arr, record_no):
+            return None
         record = self._read_record(arr, record_no)
         self._cache.put(key, record)
         return record
+
+    def _known_missing(self, arr: _Array, record_no: int) -> bool:
+        """Whether a listing of the array's directory showed no file for the record."""
+        listed = self._listed.get(arr.index)
+        if listed is None:
+            return False
+        pos = int(np.searchsorted(listed, record_no))
+        return pos == len(listed) or int(listed[pos]) != record_no
 
     def _read_record(self, arr: _Array, record_no: int) -> _Record | None:
         path = f"{arr.record_dir}/refs.{record_no}.parq"
@@ -745,7 +803,14 @@ class ParquetRefSet(RefSet):
                 errors,
             )
         rows = np.flatnonzero(served).astype(np.int32)
-        return _Record(rows, raw, codes, urls, offsets, sizes)
+        return _Record(
+            rows,
+            raw if raw.null_count < len(raw) else None,
+            _narrow(codes),
+            urls,
+            _narrow(offsets),
+            _narrow(sizes),
+        )
 
     @staticmethod
     def _raw_column(table: pa.Table, n: int) -> pa.Array:
@@ -829,7 +894,7 @@ class ParquetRefSet(RefSet):
             await self._ensure_record(arr, record_no)
 
     async def _ensure_record(self, arr: _Array, record_no: int) -> None:
-        if (arr.index, record_no) not in self._cache:
+        if (arr.index, record_no) not in self._cache and not self._known_missing(arr, record_no):
             await self._shared_load((arr.index, record_no), self._record, arr, record_no)
 
     async def _shared_load(self, tag: object, fn: Callable[..., object], *args: Any) -> None:
@@ -845,6 +910,11 @@ class ParquetRefSet(RefSet):
             event.set()
 
     # --- statistics and cleanup -------------------------------------------------------
+
+    @property
+    def root(self) -> str:
+        """The reference set's directory, as given to ``fs``."""
+        return self._root
 
     @property
     def cache_bytes(self) -> int:

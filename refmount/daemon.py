@@ -1,0 +1,173 @@
+"""The daemon's life cycle: start in the background, mount, serve, stop cleanly.
+
+Background mode forks before anything starts a thread (trio, fsspec's loop, pyarrow's
+pools): the child loads the reference set, mounts, and writes ``ok`` or the error to a
+pipe once the mount answers; the parent waits for that (bounded), prints any error and
+exits with the child's verdict.  SIGINT and SIGTERM unmount and exit 0.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import logging.handlers
+import os
+import select
+import signal
+import sys
+import time
+from collections.abc import Callable
+
+from refmount.options import Config
+
+log = logging.getLogger("refmount")
+
+
+class MountError(Exception):
+    """The mount cannot be made; the message says why."""
+
+
+def run(config: Config) -> int:
+    check_mountpoint(config.mountpoint)
+    if config.foreground:
+        setup_logging(config, background=False)
+        return serve(config, ready=lambda: None)
+    return _run_in_background(config)
+
+
+def check_mountpoint(path: str) -> None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise MountError(f"mountpoint {path} does not exist") from None
+    except OSError as exc:
+        if exc.errno == errno.ENOTCONN:
+            raise MountError(
+                f"{path} is a dead FUSE mount; clear it with: fusermount3 -u -z {path}"
+            ) from None
+        raise MountError(f"mountpoint {path}: {exc.strerror}") from None
+    import stat
+
+    if not stat.S_ISDIR(st.st_mode):
+        raise MountError(f"mountpoint {path} is not a directory")
+    if os.path.ismount(path):
+        raise MountError(f"{path} is already a mount point")
+
+
+def setup_logging(config: Config, *, background: bool) -> None:
+    handler: logging.Handler
+    if config.log_file:
+        handler = logging.FileHandler(config.log_file)
+    elif background and os.path.exists("/dev/log"):
+        handler = logging.handlers.SysLogHandler("/dev/log")
+        handler.setFormatter(logging.Formatter("refmount[%(process)d]: %(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    if not isinstance(handler, logging.handlers.SysLogHandler):
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(config.log_level)
+    if config.log_level != "DEBUG":
+        for noisy in ("fsspec", "aiobotocore", "botocore", "s3fs", "asyncio"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _run_in_background(config: Config) -> int:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the daemon
+        os.close(read_end)
+        os.setsid()
+        _detach_stdio()
+        setup_logging(config, background=True)
+
+        def ready() -> None:
+            os.write(write_end, b"ok")
+            os.close(write_end)
+            _silence_stderr()
+
+        try:
+            code = serve(config, ready=ready, on_error=lambda m: _report(write_end, m))
+        except BaseException as exc:  # the parent must hear of every failure
+            _report(write_end, f"refmount: {exc}")
+            code = 1
+        os._exit(code)
+    os.close(write_end)
+    return _wait_for_daemon(pid, read_end, config)
+
+
+def _detach_stdio() -> None:
+    """Standard input and output go nowhere; standard error stays on the terminal until
+    the mount is ready, so that a failure to start is seen."""
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+
+
+def _silence_stderr() -> None:
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
+
+
+def _report(fd: int, message: str) -> None:
+    try:
+        os.write(fd, message.encode(errors="replace")[:65536])
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _wait_for_daemon(pid: int, fd: int, config: Config) -> int:
+    deadline = time.monotonic() + config.ready_timeout
+    chunks = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            os.kill(pid, signal.SIGTERM)
+            print(f"refmount: the mount was not ready within {config.ready_timeout:g} s",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        readable, _, _ = select.select([fd], [], [], left)
+        if not readable:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    message = b"".join(chunks).decode(errors="replace")
+    if message == "ok":
+        return 0
+    _, status = os.waitpid(pid, 0)
+    print(message or f"refmount: the daemon exited ({_describe_status(status)})",
+          file=sys.stderr)  # fmt: skip
+    return 1
+
+
+def _describe_status(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {os.WTERMSIG(status)}"
+    return f"status {os.WEXITSTATUS(status)}"
+
+
+def serve(
+    config: Config,
+    *,
+    ready: Callable[[], None],
+    on_error: Callable[[str], None] | None = None,
+) -> int:
+    """Load, mount and serve until told to stop.  Returns the exit status."""
+    from refmount.serve import Daemon
+
+    try:
+        daemon = Daemon.load(config)
+    except Exception as exc:
+        message = f"refmount: {exc}"
+        if on_error is None:
+            print(message, file=sys.stderr)
+        else:
+            on_error(message)
+        return 1
+    return daemon.run(ready, on_error)

@@ -1,0 +1,196 @@
+"""The pyfuse3 Operations: translate FUSE requests to the tree and the cache, nothing more."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pyfuse3
+
+from refmount.cache import BlockCache
+from refmount.errors import FetchError
+from refmount.fetch import FetchStats, redact
+from refmount.refs.model import Ref
+from refmount.tree import ROOT_INODE, Node, Tree
+
+log = logging.getLogger(__name__)
+
+#: The tree never changes while mounted (a reload invalidates explicitly): cache for long.
+CACHE_SECONDS = 3600.0
+XATTR_PREFIX = "user.refmount."
+
+
+@dataclass(slots=True)
+class OpenFile:
+    key: str
+    ref: Ref
+    size: int
+
+
+class Operations(pyfuse3.Operations):
+    """A read-only filesystem over a :class:`Tree`, reading through a :class:`BlockCache`."""
+
+    def __init__(self, tree: Tree, cache: BlockCache, fetch_stats: FetchStats) -> None:
+        super().__init__()
+        self.tree = tree
+        self.cache = cache
+        self.fetch_stats = fetch_stats
+        self._open: dict[int, OpenFile] = {}
+        self._handles = itertools.count(1)
+        self._failed_keys: set[str] = set()
+
+    # -- attributes -----------------------------------------------------------------------
+
+    def _attributes(self, node: Node) -> pyfuse3.EntryAttributes:
+        attr = pyfuse3.EntryAttributes()
+        attr.st_ino = node.inode
+        attr.st_mode = node.mode
+        attr.st_nlink = node.nlink
+        attr.st_size = node.size
+        attr.st_blocks = (node.size + 511) // 512
+        attr.st_blksize = 1 << 20
+        attr.st_uid = self.tree.owner.uid
+        attr.st_gid = self.tree.owner.gid
+        mtime_ns = int(self.tree.refset.mtime * 1e9)
+        attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = mtime_ns
+        attr.entry_timeout = attr.attr_timeout = CACHE_SECONDS
+        return attr
+
+    async def _node(self, inode: int) -> Node:
+        try:
+            return await self.tree.node(inode)
+        except FetchError as exc:
+            self._log_failure(inode, exc)
+            raise pyfuse3.FUSEError(exc.errno) from None
+
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
+        inode = await self.tree.lookup(parent_inode, os.fsdecode(name))
+        if inode is None:
+            # A negative entry the kernel may cache: zarr readers probe many missing keys.
+            attr = pyfuse3.EntryAttributes()
+            attr.st_ino = 0
+            attr.entry_timeout = CACHE_SECONDS
+            return attr
+        return self._attributes(await self._node(inode))
+
+    async def getattr(self, inode: int, ctx: Any = None) -> Any:
+        if self.tree.is_dir(inode) and self.tree.dir_path(inode) is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attributes(await self._node(inode))
+
+    # -- directories ----------------------------------------------------------------------
+
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        if not self.tree.is_dir(inode):
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        if self.tree.dir_path(inode) is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return inode
+
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        # Each entry's next_id is its cursor + 1, so a resumed listing continues after it.
+        for child, inode in await self.tree.entries(fh, after=start_id - 1):
+            node = await self._node(inode)
+            if not pyfuse3.readdir_reply(
+                token, os.fsencode(child.name), self._attributes(node), child.cursor + 1
+            ):
+                return
+
+    async def releasedir(self, fh: int) -> None:
+        pass
+
+    # -- files ----------------------------------------------------------------------------
+
+    async def open(self, inode: int, flags: int, ctx: Any) -> Any:
+        if self.tree.is_dir(inode):
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        try:
+            ref = await self.tree.ref(inode)
+            size = await self.tree.size(ref)
+        except FetchError as exc:
+            self._log_failure(inode, exc)
+            raise pyfuse3.FUSEError(exc.errno) from None
+        fh = next(self._handles)
+        self._open[fh] = OpenFile(self.tree.key(inode), ref, size)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        handle = self._open[fh]
+        end = min(off + size, handle.size)
+        if off >= end:
+            return b""
+        ref = handle.ref
+        if ref.data is not None:
+            return ref.data[off:end]
+        assert ref.url is not None
+        try:
+            return await self.cache.read(ref.url, ref.offset + off, ref.offset + end)
+        except FetchError as exc:
+            if handle.key not in self._failed_keys and len(self._failed_keys) < 10_000:
+                self._failed_keys.add(handle.key)
+                log.warning("read of %r failed: %s", handle.key, exc)
+            raise pyfuse3.FUSEError(exc.errno) from None
+
+    async def release(self, fh: int) -> None:
+        self._open.pop(fh, None)
+
+    # -- extended attributes: where bytes come from, and the mount's counters -------------
+
+    async def _xattrs(self, inode: int) -> dict[str, str]:
+        if inode == ROOT_INODE:
+            counters = {**self.fetch_stats.as_dict(), **self.cache.stats()}
+            return {"stats": json.dumps(counters, sort_keys=True)}
+        if self.tree.is_dir(inode):
+            return {}
+        ref = await self.tree.ref(inode)
+        if ref.data is not None:
+            return {"source": "inline", "length": str(len(ref.data))}
+        assert ref.url is not None
+        found = {"source": "range" if ref.length is not None else "file", "url": redact(ref.url)}
+        found["offset"] = str(ref.offset)
+        if ref.length is not None:
+            found["length"] = str(ref.length)
+        return found
+
+    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        text = os.fsdecode(name)
+        if text.startswith(XATTR_PREFIX):
+            value = (await self._xattrs(inode)).get(text[len(XATTR_PREFIX) :])
+            if value is not None:
+                return value.encode()
+        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+        return [(XATTR_PREFIX + name).encode() for name in await self._xattrs(inode)]
+
+    # -- the rest ------------------------------------------------------------------------
+
+    async def statfs(self, ctx: Any) -> Any:
+        stats = pyfuse3.StatvfsData()
+        stats.f_bsize = stats.f_frsize = 512
+        stats.f_namemax = 255
+        return stats
+
+    def _log_failure(self, inode: int, exc: FetchError) -> None:
+        key = self.tree.key(inode) if not self.tree.is_dir(inode) else str(inode)
+        if key not in self._failed_keys and len(self._failed_keys) < 10_000:
+            self._failed_keys.add(key)
+            log.warning("size of %r unavailable: %s", key, exc)
+
+
+async def _refuse_write(self: Operations, *args: Any) -> Any:
+    raise pyfuse3.FUSEError(errno.EROFS)
+
+
+for _name in (
+    "setattr", "write", "create", "mkdir", "mknod", "unlink", "rmdir", "rename", "symlink",
+    "link", "setxattr", "removexattr",
+):  # fmt: skip
+    setattr(Operations, _name, _refuse_write)

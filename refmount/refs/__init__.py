@@ -1,0 +1,53 @@
+"""Reference sets: reading, validating and indexing them (JSON and Parquet)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from refmount.errors import RefsError
+from refmount.refs import jsonrefs
+from refmount.refs.model import Child, Ref, RefSet
+from refmount.refs.source import filesystem_for, modification_time, read_refs_bytes
+from refmount.refs.table import TableRefSet
+from refmount.refs.urls import UrlResolver
+
+__all__ = ["Child", "Ref", "RefSet", "RefsError", "open_refset"]
+
+log = logging.getLogger(__name__)
+
+
+def open_refset(
+    url: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    remote_protocol: str | None = None,
+    allow_local: bool = False,
+) -> RefSet:
+    """Read and validate the reference set at ``url`` (a JSON file, plain or compressed,
+    or a Parquet reference directory), raising :class:`RefsError` with the reason."""
+    fs, path = filesystem_for(url, storage_options or {})
+    resolve = UrlResolver(url, remote_protocol=remote_protocol, allow_local=allow_local)
+    mtime = modification_time(fs, path)
+    if _is_directory(fs, path):
+        from refmount.refs.parquet import ParquetRefSet, is_parquet_refs
+
+        if not is_parquet_refs(fs, path):
+            raise RefsError(f"{url}: a directory without .zmetadata is not a reference set")
+        return ParquetRefSet.open(fs, path, resolve=resolve, mtime=mtime)
+    raw = read_refs_bytes(fs, path)
+    document = jsonrefs.loads(raw, url)
+    del raw
+    columns = jsonrefs.parse(document, url, resolve)
+    del document
+    refset = TableRefSet(columns, mtime=mtime, name=url)
+    log.info("%s: %d keys referencing %d remote files", url, len(refset), len(refset.urls))
+    return refset
+
+
+def _is_directory(fs: Any, path: str) -> bool:
+    try:
+        return bool(fs.isdir(path))
+    except OSError:
+        return False

@@ -1,0 +1,102 @@
+"""Reading a reference set's bytes from any fsspec URL, decompressing as needed."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import time
+from collections.abc import Callable, Mapping
+from typing import IO, Any
+
+import fsspec
+import zstandard
+
+from refmount.errors import RefsError
+
+#: A compressed refs file may not expand beyond this (a zip bomb must not exhaust memory).
+MAX_REFS_BYTES = 16 << 30
+
+_Opener = Callable[[IO[bytes]], IO[bytes]]
+_BY_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x1f\x8b", "gzip"),
+    (b"BZh", "bz2"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+)
+_BY_SUFFIX = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd"}
+_OPENERS: dict[str, _Opener] = {
+    "gzip": lambda f: gzip.GzipFile(fileobj=f),
+    "bz2": lambda f: bz2.BZ2File(f),
+    "xz": lambda f: lzma.LZMAFile(f),  # noqa: SIM115 - closed with the file it wraps
+    "zstd": lambda f: zstandard.ZstdDecompressor().stream_reader(f),
+}
+
+
+def filesystem_for(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
+    """The fsspec filesystem and path of a refs location."""
+    try:
+        return fsspec.core.url_to_fs(url, **options)
+    except (ImportError, ValueError, TypeError) as exc:
+        raise RefsError(f"{url}: cannot open: {exc}") from None
+
+
+def modification_time(fs: Any, path: str) -> float:
+    """The refs location's mtime in seconds, or now when the store gives none."""
+    try:
+        info = fs.info(path)
+    except OSError as exc:
+        raise RefsError(f"{path}: {_describe(exc)}") from None
+    for field in ("mtime", "LastModified", "last_modified", "created", "updated"):
+        value = info.get(field)
+        if isinstance(value, int | float):
+            return float(value)
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+    return time.time()
+
+
+def compression_of(name: str, head: bytes) -> str | None:
+    for magic, kind in _BY_MAGIC:
+        if head.startswith(magic):
+            return kind
+    for suffix, kind in _BY_SUFFIX.items():
+        if name.endswith(suffix):
+            return kind  # named so but without the magic: the decompressor will say why
+    return None
+
+
+def read_refs_bytes(fs: Any, path: str) -> bytes:
+    """The whole (decompressed) content of a refs file."""
+    try:
+        with fs.open(path, "rb") as raw:
+            head = raw.read(8)
+            raw.seek(0)
+            kind = compression_of(path, head)
+            stream = _OPENERS[kind](raw) if kind else raw
+            data = _read_bounded(stream, path, kind)
+    except RefsError:
+        raise
+    except (OSError, EOFError, lzma.LZMAError, zstandard.ZstdError) as exc:
+        raise RefsError(f"{path}: {_describe(exc)}") from None
+    return data
+
+
+def _read_bounded(stream: IO[bytes], path: str, kind: str | None) -> bytes:
+    out = io.BytesIO()
+    while chunk := stream.read(16 << 20):
+        out.write(chunk)
+        if out.tell() > MAX_REFS_BYTES:
+            raise RefsError(f"{path}: expands beyond {MAX_REFS_BYTES >> 30} GiB ({kind})")
+    return out.getvalue()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "no such file"
+    if isinstance(exc, IsADirectoryError):
+        return "is a directory without .zmetadata (not a Parquet reference set)"
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    return f"cannot read: {exc}"

@@ -1,0 +1,135 @@
+"""Keys to inodes, directories and attributes: the filesystem's logic, without FUSE.
+
+Inode numbers are computed, not stored: the root is 1, a file is ``FILE_BASE`` plus the
+file id its reference set gives it, and directories are numbered as they are first met
+(there are few of them).  So inodes are stable for the life of the mount and nothing per
+file is kept, however many files the kernel has seen.
+"""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+
+from refmount.refs.model import Child, Ref, RefSet
+
+ROOT_INODE = 1
+FILE_BASE = 1 << 40
+BLOCK_SIZE = 512
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who owns every entry, and which permission bits the mount hides."""
+
+    uid: int
+    gid: int
+    umask: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """What ``stat`` says of one entry."""
+
+    inode: int
+    mode: int
+    nlink: int
+    size: int
+
+
+class Tree:
+    """The directory tree of one reference set.
+
+    ``remote_size`` answers the size of a whole remote file (``[url]`` references), which
+    only the store knows; it is asked on first lookup and remembered by the fetcher.
+    """
+
+    def __init__(
+        self, refset: RefSet, owner: Owner, remote_size: Callable[[str], Awaitable[int]]
+    ) -> None:
+        self.refset = refset
+        self.owner = owner
+        self._remote_size = remote_size
+        self._dir_paths: dict[int, str] = {ROOT_INODE: ""}
+        self._dir_inodes: dict[str, int] = {"": ROOT_INODE}
+        self._nlinks: dict[int, int] = {}
+        self._file_mode = stat.S_IFREG | (0o444 & ~owner.umask)
+        self._dir_mode = stat.S_IFDIR | (0o555 & ~owner.umask)
+
+    # -- names ----------------------------------------------------------------------------
+
+    def is_dir(self, inode: int) -> bool:
+        return inode < FILE_BASE
+
+    def dir_path(self, inode: int) -> str | None:
+        return self._dir_paths.get(inode)
+
+    def key(self, inode: int) -> str:
+        return self.refset.key(inode - FILE_BASE)
+
+    def _dir_inode(self, path: str) -> int:
+        inode = self._dir_inodes.get(path)
+        if inode is None:
+            inode = len(self._dir_paths) + ROOT_INODE
+            self._dir_inodes[path] = inode
+            self._dir_paths[inode] = path
+        return inode
+
+    async def lookup(self, parent: int, name: str) -> int | None:
+        """The inode of ``name`` in directory ``parent``, or ``None``."""
+        parent_path = self._dir_paths.get(parent)
+        if parent_path is None or not name or name in (".", "..") or "/" in name:
+            return None
+        path = f"{parent_path}/{name}" if parent_path else name
+        await self.refset.ensure(path)
+        file_id = self.refset.file_id(path)
+        if file_id is not None:
+            return FILE_BASE + file_id
+        if self.refset.is_dir(path):
+            return self._dir_inode(path)
+        return None
+
+    async def entries(self, inode: int, after: int = -1) -> Iterator[tuple[Child, int]]:
+        """(child, inode) pairs of a directory, resuming after a child's cursor."""
+        path = self._dir_paths[inode]
+        await self.refset.ensure(path)
+        return (
+            (
+                child,
+                FILE_BASE + child.file_id
+                if child.file_id is not None
+                else self._dir_inode(f"{path}/{child.name}" if path else child.name),
+            )
+            for child in self.refset.children(path, after)
+        )
+
+    # -- attributes -----------------------------------------------------------------------
+
+    async def ref(self, inode: int) -> Ref:
+        file_id = inode - FILE_BASE
+        await self.refset.ensure(self.refset.key(file_id))
+        return self.refset.ref(file_id)
+
+    async def size(self, ref: Ref) -> int:
+        if ref.data is not None:
+            return len(ref.data)
+        if ref.length is not None:
+            return ref.length
+        assert ref.url is not None
+        return await self._remote_size(ref.url)
+
+    async def node(self, inode: int) -> Node:
+        if self.is_dir(inode):
+            return Node(inode, self._dir_mode, await self._dir_nlink(inode), 0)
+        ref = await self.ref(inode)
+        return Node(inode, self._file_mode, 1, await self.size(ref))
+
+    async def _dir_nlink(self, inode: int) -> int:
+        nlink = self._nlinks.get(inode)
+        if nlink is None:
+            path = self._dir_paths[inode]
+            await self.refset.ensure(path)
+            nlink = 2 + self.refset.subdirectory_count(path)
+            self._nlinks[inode] = nlink
+        return nlink

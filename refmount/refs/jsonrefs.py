@@ -94,12 +94,12 @@ def parse(document: Any, name: str, resolve: Callable[[str], str]) -> Columns:
     unknown = set(document) - {"version", "templates", "gen", "refs"}
     if unknown:
         log.warning("%s: ignoring unknown top-level fields %s", name, sorted(unknown))
-    templates = Templates(document.get("templates") or {})
-    refs = document.get("refs") or {}
+    templates = Templates(document.get("templates", {}))
+    refs = document.get("refs", {})
     if not isinstance(refs, dict):
         raise RefsError(f'{name}: "refs" must be a JSON object')
     _add_refs(columns, refs, templates)
-    gen = document.get("gen") or []
+    gen = document.get("gen", [])
     if not isinstance(gen, list):
         raise RefsError(f'{name}: "gen" must be a list')
     produced = 0

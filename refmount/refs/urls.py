@@ -47,18 +47,14 @@ class UrlResolver:
         if protocol is None:
             if self.remote_protocol and self.remote_protocol not in LOCAL_PROTOCOLS:
                 return f"{self.remote_protocol}://{url}"
-            protocol = "file"
-            if self.refs_is_local:
-                url = posixpath.normpath(posixpath.join(self._base, url))
-            elif url.startswith("/"):
-                pass  # an absolute local path in a remote refs file: checked below
-            else:
+            if not self.refs_is_local and not url.startswith("/"):
                 return f"{self._base}/{url}"
-        if protocol in LOCAL_PROTOCOLS and not (self.refs_is_local or self.allow_local):
+            protocol, path = "file", posixpath.join(self._base, url)
+        if protocol not in LOCAL_PROTOCOLS:
+            return url
+        if not (self.refs_is_local or self.allow_local):
             raise RefsError(
                 f"target {url!r} is a local file, but the reference set is not local; "
                 "pass --allow-local to permit this"
             )
-        if protocol in LOCAL_PROTOCOLS:
-            return posixpath.normpath(path) if protocol else url
-        return url
+        return posixpath.normpath(path)

@@ -65,6 +65,8 @@ def setup_logging(config: Config, *, background: bool) -> None:
         handler = logging.StreamHandler(sys.stderr)
     if not isinstance(handler, logging.handlers.SysLogHandler):
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    if background and isinstance(handler, logging.StreamHandler) and not config.log_file:
+        handler.setLevel(logging.WARNING)  # the user's terminal, until the mount is ready
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(config.log_level)

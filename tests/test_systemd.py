@@ -71,3 +71,38 @@ def test_notify_ready_status_and_stopping(tmp_path: Path) -> None:
             daemon.wait()
         listener.close()
         unmount(mountpoint)
+
+
+def test_fstab_style_mount_through_mount_fuse3(tmp_path: Path) -> None:
+    """``mount -t fuse.refmount`` (what fstab does) runs ``refmount`` from the system PATH
+    with ``-o`` options, mount-only ones included."""
+    link = Path("/usr/local/bin/refmount")
+    installed_here = not link.exists()
+    if installed_here:
+        link.symlink_to(Path(sys.executable).parent / "refmount")
+    refs = tmp_path / "refs.json"
+    refs.write_text(json.dumps({"d/a": "hello"}))
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    try:
+        result = subprocess.run(
+            ["mount", "-t", "fuse.refmount", str(refs), str(mountpoint), "-o",
+             "nofail,_netdev,x-systemd.automount,allow_other,uid=1234,umask=027,cache_size=64M"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        line = next(
+            x for x in Path("/proc/mounts").read_text().splitlines() if str(mountpoint) in x
+        )
+        source, _, fstype, options = line.split()[:4]
+        assert (source, fstype) == (str(refs), "fuse.refmount")
+        assert {"ro", "nosuid", "nodev", "allow_other", "default_permissions"} <= set(
+            options.split(",")
+        )
+        st = (mountpoint / "d" / "a").stat()
+        assert (st.st_uid, oct(st.st_mode & 0o777)) == (1234, "0o440")
+        assert (mountpoint / "d" / "a").read_bytes() == b"hello"
+    finally:
+        unmount(mountpoint)
+        if installed_here:
+            link.unlink()

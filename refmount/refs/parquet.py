@@ -46,17 +46,17 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import trio
 
 from refmount.errors import FetchError, RefsError
 from refmount.refs.model import Child, Ref, RefSet
 from refmount.refs.values import inline_bytes
+
+if TYPE_CHECKING:  # pyarrow is imported on the first record read: a mount is ready sooner
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -762,6 +762,8 @@ class ParquetRefSet(RefSet):
             return None
         except OSError as exc:
             raise FetchError(f"reading {path}: {exc}") from exc
+        import pyarrow as pa
+
         try:
             return self._decode(data, path)
         except (pa.ArrowException, ValueError, TypeError, OSError, KeyError, IndexError) as exc:
@@ -771,6 +773,9 @@ class ParquetRefSet(RefSet):
             return None
 
     def _decode(self, data: bytes, path: str) -> _Record:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         buffer = pa.BufferReader(data)
         metadata = pq.read_metadata(buffer)
         names = set(metadata.schema.to_arrow_schema().names)
@@ -814,6 +819,8 @@ class ParquetRefSet(RefSet):
 
     @staticmethod
     def _raw_column(table: pa.Table, n: int) -> pa.Array:
+        import pyarrow as pa
+
         if "raw" not in table.column_names:
             return pa.nulls(n, pa.binary())
         column = table.column("raw")
@@ -825,6 +832,9 @@ class ParquetRefSet(RefSet):
 
     @staticmethod
     def _int_column(table: pa.Table, name: str, n: int) -> np.ndarray:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         if name not in table.column_names:
             return np.zeros(n, dtype=np.int64)
         column = pc.fill_null(table.column(name).cast(pa.int64()), 0)
@@ -832,6 +842,9 @@ class ParquetRefSet(RefSet):
 
     def _path_column(self, table: pa.Table, n: int, path: str) -> tuple[np.ndarray, pa.Array]:
         """Per-row codes (-1: null) into the resolved URLs of the distinct paths."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         if "path" not in table.column_names:
             return np.full(n, -1, dtype=np.int32), pa.array([], pa.string())
         column = table.column("path")

@@ -35,8 +35,11 @@ class OpenFile:
 class Operations(pyfuse3.Operations):
     """A read-only filesystem over a :class:`Tree`, reading through a :class:`BlockCache`."""
 
-    def __init__(self, tree: Tree, cache: BlockCache, fetch_stats: FetchStats) -> None:
+    def __init__(
+        self, tree: Tree, cache: BlockCache, fetch_stats: FetchStats, *, xattrs: bool = False
+    ) -> None:
         super().__init__()
+        self.xattrs = xattrs
         self.tree = tree
         self.cache = cache
         self.fetch_stats = fetch_stats
@@ -46,19 +49,26 @@ class Operations(pyfuse3.Operations):
 
     # -- attributes -----------------------------------------------------------------------
 
-    def _attributes(self, node: Node) -> pyfuse3.EntryAttributes:
+    def _template(self) -> pyfuse3.EntryAttributes:
+        """Attributes every entry shares; per-entry fields are filled in by the caller."""
         attr = pyfuse3.EntryAttributes()
-        attr.st_ino = node.inode
-        attr.st_mode = node.mode
-        attr.st_nlink = node.nlink
-        attr.st_size = node.size
-        attr.st_blocks = (node.size + 511) // 512
         attr.st_blksize = 1 << 20
         attr.st_uid = self.tree.owner.uid
         attr.st_gid = self.tree.owner.gid
         mtime_ns = int(self.tree.refset.mtime * 1e9)
         attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = mtime_ns
         attr.entry_timeout = attr.attr_timeout = CACHE_SECONDS
+        return attr
+
+    def _attributes(
+        self, node: Node, attr: pyfuse3.EntryAttributes | None = None
+    ) -> pyfuse3.EntryAttributes:
+        attr = attr or self._template()
+        attr.st_ino = node.inode
+        attr.st_mode = node.mode
+        attr.st_nlink = node.nlink
+        attr.st_size = node.size
+        attr.st_blocks = (node.size + 511) // 512
         return attr
 
     async def _node(self, inode: int) -> Node:
@@ -69,7 +79,10 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(exc.errno) from None
 
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
-        inode = await self.tree.lookup(parent_inode, os.fsdecode(name))
+        try:
+            inode = await self.tree.lookup(parent_inode, os.fsdecode(name))
+        except FetchError as exc:
+            raise pyfuse3.FUSEError(exc.errno) from None
         if inode is None:
             # A negative entry the kernel may cache: zarr readers probe many missing keys.
             attr = pyfuse3.EntryAttributes()
@@ -94,11 +107,23 @@ class Operations(pyfuse3.Operations):
 
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
         # Each entry's next_id is its cursor + 1, so a resumed listing continues after it.
-        for child, inode in await self.tree.entries(fh, after=start_id - 1):
-            node = await self._node(inode)
-            if not pyfuse3.readdir_reply(
-                token, os.fsencode(child.name), self._attributes(node), child.cursor + 1
-            ):
+        # The kernel copies the attributes at once, so one object serves every entry.
+        attr = self._template()
+        file_mode = self.tree.file_mode
+        try:
+            entries = await self.tree.listing(fh, after=start_id - 1)
+        except FetchError as exc:
+            raise pyfuse3.FUSEError(exc.errno) from None
+        for name, inode, size, cursor in entries:
+            if size is None:
+                self._attributes(await self._node(inode), attr)
+            else:
+                attr.st_ino = inode
+                attr.st_mode = file_mode
+                attr.st_nlink = 1
+                attr.st_size = size
+                attr.st_blocks = (size + 511) // 512
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), attr, cursor + 1):
                 return
 
     async def releasedir(self, fh: int) -> None:
@@ -160,6 +185,10 @@ class Operations(pyfuse3.Operations):
         return found
 
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        if not self.xattrs:
+            # ENOSYS once and the kernel stops asking: `ls -l` probes two names per file,
+            # each a round trip to this daemon, which would triple its cost.
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         text = os.fsdecode(name)
         if text.startswith(XATTR_PREFIX):
             value = (await self._xattrs(inode)).get(text[len(XATTR_PREFIX) :])
@@ -168,6 +197,8 @@ class Operations(pyfuse3.Operations):
         raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
 
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+        if not self.xattrs:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         return [(XATTR_PREFIX + name).encode() for name in await self._xattrs(inode)]
 
     # -- the rest ------------------------------------------------------------------------

@@ -75,6 +75,7 @@ class Config:
     gid: int = field(default_factory=os.getgid)
     umask: int = 0
     fsname: str | None = None
+    xattrs: bool = False
     log_level: str = "INFO"
     log_file: str | None = None
     ready_timeout: float = 600.0
@@ -221,6 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gid", type=int, default=None, help="group of every entry")
     g.add_argument("--umask", type=parse_octal, default=0, help="mask over 0444/0555 (octal)")
     g.add_argument("--fsname", help="source name shown in mount tables (default: REFS)")
+    g.add_argument(
+        "--xattrs",
+        action="store_true",
+        help="answer user.refmount.* extended attributes (where bytes come from, "
+        "counters on the root); off by default because `ls -l` then asks the "
+        "daemon twice per file",
+    )
     g = p.add_argument_group("logging and life cycle")
     g.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper

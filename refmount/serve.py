@@ -68,7 +68,8 @@ class Daemon:
         )
         cache = BlockCache(fetcher, budget=config.cache_size, extent=refset.url_extent)
         tree = Tree(refset, Owner(config.uid, config.gid, config.umask), fetcher.size)
-        return cls(config, Operations(tree, cache, fetcher.stats), cache)
+        operations = Operations(tree, cache, fetcher.stats, xattrs=config.xattrs)
+        return cls(config, operations, cache)
 
     def run(self, ready: Callable[[], None], on_error: Callable[[str], None] | None) -> int:
         mountpoint = self.config.mountpoint

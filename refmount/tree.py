@@ -11,8 +11,9 @@ from __future__ import annotations
 import stat
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from refmount.refs.model import Child, Ref, RefSet
+from refmount.refs.model import Ref, RefSet
 
 ROOT_INODE = 1
 FILE_BASE = 1 << 40
@@ -26,6 +27,15 @@ class Owner:
     uid: int
     gid: int
     umask: int = 0
+
+
+class Entry(NamedTuple):
+    """One directory entry as listed: ``size`` when the reference set knows it."""
+
+    name: str
+    inode: int
+    size: int | None
+    cursor: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +64,7 @@ class Tree:
         self._dir_paths: dict[int, str] = {ROOT_INODE: ""}
         self._dir_inodes: dict[str, int] = {"": ROOT_INODE}
         self._nlinks: dict[int, int] = {}
-        self._file_mode = stat.S_IFREG | (0o444 & ~owner.umask)
+        self.file_mode = stat.S_IFREG | (0o444 & ~owner.umask)
         self._dir_mode = stat.S_IFDIR | (0o555 & ~owner.umask)
 
     # -- names ----------------------------------------------------------------------------
@@ -90,19 +100,25 @@ class Tree:
             return self._dir_inode(path)
         return None
 
-    async def entries(self, inode: int, after: int = -1) -> Iterator[tuple[Child, int]]:
-        """(child, inode) pairs of a directory, resuming after a child's cursor."""
+    async def listing(self, inode: int, after: int = -1) -> Iterator[Entry]:
+        """The entries of a directory, resuming after a child's cursor.
+
+        Sizes the reference set knows come with each entry; ``size`` is ``None`` for
+        subdirectories and whole remote files (ask :meth:`node`).
+        """
         path = self._dir_paths[inode]
-        await self.refset.ensure(path)
-        return (
-            (
-                child,
-                FILE_BASE + child.file_id
-                if child.file_id is not None
-                else self._dir_inode(f"{path}/{child.name}" if path else child.name),
-            )
-            for child in self.refset.children(path, after)
-        )
+        await self.refset.ensure(path, after)
+        return self._entries(path, after)
+
+    def _entries(self, path: str, after: int) -> Iterator[Entry]:
+        prefix = f"{path}/" if path else ""
+        file_size = self.refset.file_size
+        for child in self.refset.children(path, after):
+            if child.file_id is None:
+                yield Entry(child.name, self._dir_inode(prefix + child.name), None, child.cursor)
+            else:
+                file_id = child.file_id
+                yield Entry(child.name, FILE_BASE + file_id, file_size(file_id), child.cursor)
 
     # -- attributes -----------------------------------------------------------------------
 
@@ -123,7 +139,7 @@ class Tree:
         if self.is_dir(inode):
             return Node(inode, self._dir_mode, await self._dir_nlink(inode), 0)
         ref = await self.ref(inode)
-        return Node(inode, self._file_mode, 1, await self.size(ref))
+        return Node(inode, self.file_mode, 1, await self.size(ref))
 
     async def _dir_nlink(self, inode: int) -> int:
         nlink = self._nlinks.get(inode)

@@ -1,8 +1,9 @@
 """Parsing JSON reference sets (version 0 and version 1) into compact columns.
 
-The parsed JSON is walked once; each key becomes a row of plain arrays (no Python list or
-int object per key survives the load), and URLs are interned: a million references into a
-few dozen files hold a few dozen URL strings.
+Range references (``[url, offset, length]``), nearly all of a large set, are converted in
+bulk into Arrow arrays by C loops, not a Python loop per key; anything else, and any batch
+with something wrong in it, goes through a per-key path that names the offending key.  URLs
+are interned: a million references into a few dozen files hold a few dozen URL strings.
 """
 
 from __future__ import annotations
@@ -10,9 +11,13 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import operator
 from array import array
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from refmount.errors import RefsError
 from refmount.refs.templates import Templates
@@ -29,32 +34,55 @@ class Columns:
     """Rows of a reference set, in the order the file gives them (later rows win)."""
 
     def __init__(self, resolve: Callable[[str], str]) -> None:
-        self.keys: list[str] = []
-        self.url_index = array("i")  # -1 for inline data
-        self.offsets = array("q")
-        self.lengths = array("q")
-        self.inline: list[bytes | None] = []
         self.urls: list[str] = []
         self._resolve = resolve
         self._url_ids: dict[str, int] = {}  # as written -> index in self.urls
         self._resolved_ids: dict[str, int] = {}
+        self._batches: list[pa.Table] = []
+        self._keys: list[str] = []
+        self._url_index = array("i")  # -1 for inline data
+        self._offsets = array("q")
+        self._lengths = array("q")
+        self._inline: list[bytes | None] = []
 
     def add_inline(self, key: str, data: bytes) -> None:
-        self.keys.append(key)
-        self.url_index.append(-1)
-        self.offsets.append(0)
-        self.lengths.append(len(data))
-        self.inline.append(data)
+        self._add(key, -1, 0, len(data), data)
 
     def add_url(self, key: str, url: str, offset: int, length: int) -> None:
         url_id = self._url_ids.get(url)
         if url_id is None:
             url_id = self._intern(url, key)
-        self.keys.append(key)
-        self.url_index.append(url_id)
-        self.offsets.append(offset)
-        self.lengths.append(length)
-        self.inline.append(None)
+        self._add(key, url_id, offset, length, None)
+
+    def _add(self, key: str, url_id: int, offset: int, length: int, data: bytes | None) -> None:
+        self._keys.append(key)
+        self._url_index.append(url_id)
+        self._offsets.append(offset)
+        self._lengths.append(length)
+        self._inline.append(data)
+
+    def add_ranges(
+        self, keys: list[str], urls: list[str], offsets: pa.Array, lengths: pa.Array,
+        render: Callable[[str, str], str],
+    ) -> None:  # fmt: skip
+        """Append checked range rows in bulk; ``render(url, key)`` renders a URL template."""
+        ids: dict[str, int] = dict.fromkeys(urls, -1)  # the few distinct URLs, in order
+        for url in ids:
+            url_id = self._url_ids.get(url)
+            if url_id is None:
+                key = keys[urls.index(url)]
+                url_id = self._intern(render(url, key), key)
+            ids[url] = url_id
+        self._flush()
+        self._batches.append(
+            _batch(
+                keys,
+                _from_array(array("i", map(ids.__getitem__, urls)), pa.int32()),
+                offsets,
+                lengths,
+                pa.nulls(len(keys), pa.large_binary()),
+            )
+        )
 
     def _intern(self, url: str, key: str) -> int:
         try:
@@ -67,6 +95,72 @@ class Columns:
             self.urls.append(resolved)
         self._url_ids[url] = url_id
         return url_id
+
+    def _flush(self) -> None:
+        if self._keys:
+            self._batches.append(
+                _batch(
+                    self._keys,
+                    _from_array(self._url_index, pa.int32()),
+                    _from_array(self._offsets, pa.int64()),
+                    _from_array(self._lengths, pa.int64()),
+                    pa.array(self._inline, pa.large_binary()),
+                )
+            )
+            self.__init_rows()
+
+    def __init_rows(self) -> None:
+        self._keys, self._inline = [], []
+        self._url_index, self._offsets, self._lengths = array("i"), array("q"), array("q")
+
+    def table(self) -> pa.Table:
+        """Every row so far, in order, as one table (key, url, offset, length, inline)."""
+        self._flush()
+        if not self._batches:
+            return _batch([], pa.array([], pa.int32()), pa.array([], pa.int64()),
+                          pa.array([], pa.int64()), pa.array([], pa.large_binary()))  # fmt: skip
+        table = pa.concat_tables(self._batches)
+        self._batches = []
+        return table
+
+
+def _batch(keys: list[str], url: pa.Array, offset: pa.Array, length: pa.Array, inline: pa.Array):
+    return pa.table(
+        {"key": _strings(keys), "url": url, "offset": offset, "length": length, "inline": inline}
+    )
+
+
+def _strings(values: list[str]) -> pa.Array:
+    """A large_string array of ``values``, built with C loops.
+
+    ``pa.array`` would do, but it first probes whether the list is a pandas object, which
+    imports pandas (a second or so); joining and splitting on NUL is as exact: a NUL in a
+    value shows as a wrong count and takes the general path.
+    """
+    blob = "\0".join(values).encode("utf-8", "surrogatepass")
+    if values and blob.count(b"\0") == len(values) - 1:
+        try:
+            whole = pa.Array.from_buffers(
+                pa.large_string(), 1, [None, pa.py_buffer(array("q", [0, len(blob)])),
+                                       pa.py_buffer(blob)]
+            )  # fmt: skip
+            whole.validate(full=True)  # lone surrogates are not UTF-8
+            return pc.split_pattern(whole, "\0").flatten()
+        except pa.ArrowInvalid:
+            pass
+    try:
+        return pa.array(values, pa.large_string())
+    except (pa.ArrowInvalid, UnicodeEncodeError):
+        # Lone surrogates (JSON allows "\\ud800") are not UTF-8: make them U+FFFD, which
+        # the path check then refuses, naming the key.
+        return pa.array(
+            [k.encode("utf-8", "surrogatepass").decode("utf-8", "replace") for k in values],
+            pa.large_string(),
+        )
+
+
+def _from_array(values: array, kind: pa.DataType) -> pa.Array:
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
 
 
 def loads(raw: bytes, name: str) -> Any:
@@ -111,9 +205,20 @@ def parse(document: Any, name: str, resolve: Callable[[str], str]) -> Columns:
 def _add_refs(
     columns: Columns, refs: Mapping[str, Any], templates: Templates | None, *, skip_version=False
 ) -> None:
-    for key, value in refs.items():
-        if skip_version and key == "version":
-            continue  # "version": null in a version 0 file
+    keys, values = list(refs), list(refs.values())
+    if skip_version and "version" in refs:  # "version": null in a version 0 file
+        at = keys.index("version")
+        del keys[at], values[at]
+    is_range = [type(v) is list and len(v) == 3 for v in values]
+    range_keys = list(itertools.compress(keys, is_range))
+    range_values = list(itertools.compress(values, is_range))
+    if not _add_ranges_in_bulk(columns, range_keys, range_values, templates):
+        for key, value in zip(range_keys, range_values, strict=True):
+            _add_list(columns, key, value, templates)
+    del range_keys, range_values
+    for key, value, ranged in zip(keys, values, is_range, strict=True):
+        if ranged:
+            continue
         kind = type(value)
         if kind is list:
             _add_list(columns, key, value, templates)
@@ -124,6 +229,42 @@ def _add_refs(
                 f"key {key!r}: expected a string, a JSON object or a list, "
                 f"got {type(value).__name__}"
             )
+
+
+def _add_ranges_in_bulk(
+    columns: Columns, keys: list[str], values: list[list], templates: Templates | None
+) -> bool:
+    """Add ``[url, offset, length]`` rows with C loops; ``False`` (nothing added) when
+    anything is off, so that the per-key path can name the key."""
+    if not values:
+        return True
+    urls = list(map(operator.itemgetter(0), values))
+    if set(map(type, urls)) != {str}:
+        return False
+    numbers = []
+    for position in (1, 2):
+        column = list(map(operator.itemgetter(position), values))
+        if set(map(type, column)) != {int}:  # bool and float are not int here: type() is exact
+            return False
+        try:
+            numbers.append(array("q", column))
+        except OverflowError:
+            return False
+    offsets, lengths = (_from_array(n, pa.int64()) for n in numbers)
+    try:
+        pc.add_checked(offsets, lengths)
+    except pa.ArrowInvalid:
+        return False
+    if pc.min(offsets).as_py() < 0 or pc.min(lengths).as_py() < 0 or "" in urls:
+        return False
+
+    def render(url: str, key: str) -> str:
+        if templates is not None and "{{" in url:
+            return templates.render(url, what=f"key {key!r}")
+        return url
+
+    columns.add_ranges(keys, urls, offsets, lengths, render)
+    return True
 
 
 def _add_list(columns: Columns, key: str, value: list, templates: Templates | None) -> None:

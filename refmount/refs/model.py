@@ -78,9 +78,16 @@ class RefSet(ABC):
         """How many subdirectories directory ``path`` has (its ``nlink`` is this plus 2)."""
         return sum(1 for child in self.children(path) if child.file_id is None)
 
-    async def ensure(self, path: str) -> None:  # noqa: B027 - optional hook
+    def file_size(self, file_id: int) -> int | None:
+        """The size of a file when the set alone knows it (``None`` for a whole remote
+        file).  A shortcut for listings: no :class:`Ref` is built."""
+        ref = self.ref(file_id)
+        return len(ref.data) if ref.data is not None else ref.length
+
+    async def ensure(self, path: str, after: int = -1) -> None:  # noqa: B027 - optional hook
         """Load, without blocking the event loop, what the synchronous methods need for
-        ``path`` (a key or a directory).  Sets held fully in memory need nothing."""
+        ``path`` (a key, or a directory listed from cursor ``after``).  Sets held fully in
+        memory need nothing."""
 
     def url_extent(self, url: str) -> int | None:
         """The end of the furthest byte any key references in ``url``, when known.

@@ -10,17 +10,14 @@ its row.
 from __future__ import annotations
 
 import bisect
-import contextlib
-import ctypes
 import logging
-from array import array
 from collections import Counter
 from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from refmount.refs.jsonrefs import WHOLE_FILE, Columns
+from refmount.refs.jsonrefs import WHOLE_FILE
 from refmount.refs.model import Child, Ref, RefSet
 
 log = logging.getLogger(__name__)
@@ -54,11 +51,11 @@ class _SortedKeys:
 
 
 class TableRefSet(RefSet):
-    def __init__(self, columns: Columns, *, mtime: float, name: str) -> None:
+    def __init__(self, table: pa.Table, urls: list[str], *, mtime: float, name: str) -> None:
+        """``table`` has the columns of :meth:`Columns.table`, in file order."""
         self.mtime = mtime
-        self.urls = columns.urls
-        table = _build_table(columns)
-        table, directories = _drop_bad_keys(table, name)
+        self.urls = urls
+        table, directories = _drop_bad_keys(_sorted_last_wins(table), name)
         self._subdirectories = Counter(d.rpartition("/")[0] for d in directories)
         self._keys = _SortedKeys(table.column("key").combine_chunks())
         self._url_index = _int_view(table.column("url"), "i")
@@ -66,7 +63,6 @@ class TableRefSet(RefSet):
         self._lengths = _int_view(table.column("length"), "q")
         self._inline = table.column("inline").combine_chunks()
         self._extents = _url_extents(table, self.urls)
-        _release_freed_memory()
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -91,6 +87,10 @@ class TableRefSet(RefSet):
             offset=self._offsets[file_id],
             length=None if length == WHOLE_FILE else length,
         )
+
+    def file_size(self, file_id: int) -> int | None:
+        length = self._lengths[file_id]  # inline rows hold their data's length
+        return None if length == WHOLE_FILE else length
 
     def is_dir(self, path: str) -> bool:
         if not path:
@@ -125,24 +125,8 @@ class TableRefSet(RefSet):
         return self._extents.get(url)
 
 
-def _build_table(columns: Columns) -> pa.Table:
-    """The columns sorted by key; where a key repeats, its last row wins."""
-    try:
-        keys = pa.array(columns.keys, pa.large_string())
-    except (pa.ArrowInvalid, UnicodeEncodeError):
-        keys = pa.array(
-            [k.encode("utf-8", "surrogatepass").decode("utf-8", "replace") for k in columns.keys],
-            pa.large_string(),
-        )
-    table = pa.table(
-        {
-            "key": keys,
-            "url": _from_array(columns.url_index, pa.int32()),
-            "offset": _from_array(columns.offsets, pa.int64()),
-            "length": _from_array(columns.lengths, pa.int64()),
-            "inline": pa.array(columns.inline, pa.large_binary()),
-        }
-    )
+def _sorted_last_wins(table: pa.Table) -> pa.Table:
+    """The rows sorted by key; where a key repeats, its last row wins."""
     if len(table) == 0:
         return table
     table = table.take(pc.sort_indices(table, [("key", "ascending")]))  # a stable sort
@@ -258,19 +242,9 @@ def _url_extents(table: pa.Table, urls: list[str]) -> dict[str, int]:
     }
 
 
-def _from_array(values: array, kind: pa.DataType) -> pa.Array:
-    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
-
-
 def _int_view(column: pa.ChunkedArray, fmt: str) -> memoryview:
     array_ = column.combine_chunks()
     buffer = array_.buffers()[1]
     width = array_.type.bit_width // 8
     start = array_.offset
     return memoryview(buffer).cast(fmt)[start : start + len(array_)] if width else memoryview(b"")
-
-
-def _release_freed_memory() -> None:
-    """Hand the parse's freed heap back to the system, so the peak does not stay resident."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)

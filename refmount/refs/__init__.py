@@ -9,10 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from refmount.errors import RefsError
-from refmount.refs import jsonrefs
 from refmount.refs.model import Child, Ref, RefSet
 from refmount.refs.source import filesystem_for, modification_time, read_refs_bytes
-from refmount.refs.table import TableRefSet
 from refmount.refs.urls import UrlResolver
 
 __all__ = ["Child", "Ref", "RefSet", "RefsError", "open_refset"]
@@ -38,6 +36,11 @@ def open_refset(
         if not is_parquet_refs(fs, path):
             raise RefsError(f"{url}: a directory without .zmetadata is not a reference set")
         return ParquetRefSet.open(fs, path, resolve=resolve, mtime=mtime)
+    # Each format's modules (and pyarrow) are imported only when that format is met:
+    # a Parquet set should be mounted before pyarrow would have finished importing.
+    from refmount.refs import jsonrefs
+    from refmount.refs.table import TableRefSet
+
     raw = read_refs_bytes(fs, path)
     document = jsonrefs.loads(raw, url)
     del raw

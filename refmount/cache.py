@@ -1,52 +1,57 @@
 """One shared block cache for every open file, with read-ahead keyed by remote URL.
 
-Blocks
+Blocks and parts
     A remote file is cut into fixed blocks of ``block_size`` bytes, keyed by
-    ``(url, index)``.  Every reference that points into the same bytes shares the same
-    blocks, whichever key or open file asks.  A block that is being fetched sits in an
-    in-flight table, so it is fetched once however many readers want it; they all wake
-    when it lands, and all get the ``FetchError`` if the fetch fails (a failed block is
-    not cached: a later read tries again).
+    ``(url, index)``.  Adjacent missing blocks are fetched as one request, a *part* of up
+    to ``max_part`` bytes, and the part's bytes are kept whole: every block key of the
+    part points at it.  So every reference that points into the same bytes shares them,
+    whichever key or open file asks, and nothing is copied when a part lands (on the two
+    cores this runs on, a copy of every fetched byte cost a tenth of the throughput).
+    A part that is still being fetched is in the same index, so its blocks are fetched
+    once however many readers want them; they all wake when it lands, and all get the
+    ``FetchError`` if the fetch fails (a failed part is not cached: a later read retries).
 
 Block size: 256 KiB
-    A FUSE READ is 128 KiB to 1 MiB, so a read touches one to five blocks: a handful of
-    dict lookups, which keeps the per-READ Python cost small.  A random read of a small
-    chunk fetches at most two blocks (512 KiB), which on an object store (~50 MB/s per
-    connection, 10+ ms first byte) costs little more time than the chunk alone.  Larger
-    blocks would over-fetch random reads and coarsen LRU eviction; smaller ones multiply
-    per-block work on the sequential path.  Request size is decoupled from block size:
-    adjacent missing blocks go out as one request of up to ``max_part`` (8 MiB).
+    A block is the unit of lookup and of a random read's fetch.  A FUSE READ is 128 KiB to
+    1 MiB, so a read touches one to five block keys, usually all in one part: a handful of
+    dict lookups and one slice.  A random read of a small chunk fetches at most two blocks
+    (512 KiB), which on an object store (~50 MB/s per connection, 10+ ms to first byte)
+    costs little more time than the chunk alone; larger blocks would over-fetch random
+    reads, smaller ones add per-block work and requests on the sequential path.  Request
+    size is decoupled from it: read-ahead goes out in parts of up to 8 MiB.
 
 Memory
-    One budget covers cached blocks *and* blocks in flight: a fetch reserves its size
-    before it starts, evicting least recently used blocks to make room.  Read-ahead may
-    use at most half the budget (cached-but-unread plus in flight), and never evicts
-    blocks that read-ahead fetched and nobody has read yet; only a reader's own demand
-    may, as a last resort.  Read-ahead that nobody has read for ``ahead_ttl`` seconds
-    becomes ordinary evictable cache.  When a read cannot reserve room (a budget smaller
-    than the read, or filled by fetches in flight), it is served by a direct, uncached
-    fetch: correct, never a deadlock.
+    One budget covers cached parts *and* parts in flight: a fetch reserves its size before
+    it starts, evicting least recently used parts to make room.  Read-ahead may use at
+    most half the budget (landed-but-unread plus in flight), and never evicts parts that
+    read-ahead fetched and nobody has read yet; only a reader's own demand may, as a last
+    resort.  Read-ahead that nobody has read for ``ahead_ttl`` seconds becomes ordinary
+    evictable cache.  When a read cannot reserve room (a budget smaller than the read, or
+    filled by fetches in flight), it is served by a direct, uncached fetch: correct, never
+    a deadlock.  Beyond the budget, memory is only what readers hold while they copy.
 
 Read-ahead
     Streams are tracked per URL, not per open file, so zarr chunks that lie back to back
-    in one remote file and are read in order become one growing sequential stream.  A
-    URL keeps a few streams (interleaved sequential readers each get one).  A read that
-    starts at most ``16 MiB`` ahead of or ``1 MiB`` behind a stream's position continues
-    it; anything else starts a new stream.  A stream earns read-ahead after two reads
-    and 512 KiB of sequential progress (a chunk read in two 128 KiB READs does not);
-    its window starts at 1 MiB and doubles each time the reader gets through half of it,
-    up to 64 MiB, fetched as parallel parts of up to 8 MiB in the background nursery.  A
-    random read fetches only the blocks it needs.  Read-ahead never goes past
-    ``extent(url)`` nor past an end of file already seen.
+    in one remote file and are read in order become one growing sequential stream.  A URL
+    keeps a few streams (interleaved sequential readers each get one).  A read that
+    starts at most 16 MiB ahead of or 1 MiB behind a stream's position continues it;
+    anything else starts a new stream.  A stream earns read-ahead after two reads and
+    512 KiB of sequential progress (a chunk read in two 128 KiB READs does not); its
+    window starts at 1 MiB and doubles each time the reader gets through half of it, up
+    to 64 MiB, and is refilled in whole steps (half the window, at most one 8 MiB part),
+    fetched in parallel in the background nursery.  A random read fetches only the
+    blocks it needs.  Read-ahead never goes past ``extent(url)`` nor past an end of file
+    already seen.
 
 Short files
-    Block fetches use ``allow_short``: the last block of a remote file may be short.  A
-    read that needs a byte beyond what the store returned raises ``FetchError`` (EIO):
-    a short file is never served as data.
+    Fetches use ``allow_short``: the last block of a remote file may be short.  A read
+    that needs a byte beyond what the store returned raises ``FetchError`` (EIO): a
+    short file is never served as data.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 from collections import OrderedDict
@@ -69,22 +74,27 @@ SEQ_MIN_BYTES = 512 << 10  # sequential progress before read-ahead starts
 STREAMS_PER_URL = 4
 MAX_TRACKED_URLS = 4096
 AHEAD_TTL = 10.0  # seconds before unread read-ahead becomes ordinary cache
-_ATTEMPTS = 3  # passes over the blocks before a read falls back to a direct fetch
+_ATTEMPTS = 3  # passes over a read before it falls back to a direct fetch
 
 Key = tuple[str, int]
 
 
-class _Flight:
-    """One request for ``count`` adjacent blocks; every reader of those blocks waits on it."""
+class _Part:
+    """Bytes ``[start, end)`` of a URL (blocks ``first .. first+count-1``): one request.
+
+    ``data`` is None while in flight; readers wait on ``event``.  Once landed, ``data``
+    holds exactly what the store returned, which may be short at the end of a file.
+    """
 
     __slots__ = (
         "ahead",
-        "blocks",
         "count",
+        "data",
         "end",
         "error",
         "event",
         "first",
+        "landed",
         "reserved",
         "short",
         "start",
@@ -98,23 +108,20 @@ class _Flight:
         self.count = count
         self.start = start
         self.end = end
-        self.reserved = end - start
-        self.ahead = ahead
+        self.reserved = end - start  # bytes counted in flight
+        self.ahead = ahead  # fetched by read-ahead and not read yet
         self.event = trio.Event()
-        self.blocks: list[bytes] = []
+        self.data: bytes | None = None
         self.error: FetchError | None = None
         self.short = False  # the store returned fewer bytes than asked: end of file
         self.started = False  # a task is fetching it
-
-    def block(self, index: int) -> bytes:
-        k = index - self.first
-        return self.blocks[k] if k < len(self.blocks) else b""
+        self.landed = 0.0
 
 
 class _Stream:
     """A sequential reader of one URL, as seen from the offsets it reads."""
 
-    __slots__ = ("ahead_end", "grow_at", "pos", "reads", "run", "window")
+    __slots__ = ("ahead_end", "dropped", "grow_at", "pos", "reads", "run", "window")
 
     def __init__(self, start: int, end: int) -> None:
         self.pos = end  # where the next sequential read is expected
@@ -123,6 +130,7 @@ class _Stream:
         self.window = 0  # 0 until read-ahead starts
         self.ahead_end = end  # read-ahead has been issued up to here
         self.grow_at = 0  # the window doubles once pos reaches this
+        self.dropped = start  # parts before this have been let go (drop-behind)
 
 
 class BlockCache:
@@ -154,15 +162,17 @@ class BlockCache:
         self._ahead_limit = budget // 2
 
         self._nursery: trio.Nursery | None = None
-        # Blocks that have been read (or were fetched for a reader), least recent first.
-        self._lru: OrderedDict[Key, bytes] = OrderedDict()
-        # Read-ahead blocks nobody has read yet, oldest first, with their landing time.
-        self._ahead: OrderedDict[Key, tuple[bytes, float]] = OrderedDict()
-        self._inflight: dict[Key, _Flight] = {}
-        self._lru_bytes = 0
-        self._ahead_bytes = 0
+        # Every block key of every part, landed or in flight.
+        self._index: dict[Key, _Part] = {}
+        # Landed parts that have been read (or were fetched for a reader), least recent first.
+        self._lru: OrderedDict[_Part, None] = OrderedDict()
+        # Landed read-ahead parts nobody has read yet, oldest first.
+        self._ahead: OrderedDict[_Part, None] = OrderedDict()
+        self._cached_bytes = 0  # landed parts, both kinds
+        self._ahead_bytes = 0  # landed unread read-ahead
         self._inflight_bytes = 0
         self._ahead_inflight = 0
+        self._inflight_parts = 0
         self._eof: dict[str, int] = {}  # ends of file seen in short answers
         self._streams: OrderedDict[str, list[_Stream]] = OrderedDict()
         self._counters = dict.fromkeys(
@@ -203,34 +213,30 @@ class BlockCache:
             raise ValueError(f"negative offset {start}")
         if end <= start:
             return b""
-        bs = self.block_size
-        index = start // bs
-        if (end - 1) // bs == index:
-            # Fast path: one block, already cached.
-            block = self._lookup((url, index))
-            if block is not None:
-                base = index * bs
-                hi = end - base
-                if len(block) >= hi:
-                    self._counters["hits"] += 1
-                    self._observe(url, start, end)
-                    lo = start - base
-                    return block if lo == 0 and hi == len(block) else block[lo:hi]
+        # Fast path: one landed part holds the whole read.
+        part = self._index.get((url, start // self.block_size))
+        if part is not None and (data := part.data) is not None and end - part.start <= len(data):
+            self._touch(part)
+            self._counters["hits"] += 1
+            self._observe(url, start, end)
+            lo = start - part.start
+            hi = end - part.start
+            return data if lo == 0 and hi == len(data) else data[lo:hi]
         for _ in range(_ATTEMPTS):
-            data = await self._read_blocks(url, start, end)
-            if data is not None:
-                return data
+            result = await self._read_parts(url, start, end)
+            if result is not None:
+                return result
         return await self._direct(url, start, end)
 
     def stats(self) -> dict[str, int]:
         """Counters for logs and the mount's extended attributes."""
         out = dict(self._counters)
         out.update(
-            bytes_cached=self._lru_bytes + self._ahead_bytes,
+            bytes_cached=self._cached_bytes,
             readahead_cached=self._ahead_bytes,
             inflight_bytes=self._inflight_bytes,
-            blocks_cached=len(self._lru) + len(self._ahead),
-            inflight_blocks=len(self._inflight),
+            parts_cached=len(self._lru) + len(self._ahead),
+            inflight_parts=self._inflight_parts,
             streams=sum(len(s) for s in self._streams.values()),
             budget=self.budget,
             block_size=self.block_size,
@@ -239,67 +245,62 @@ class BlockCache:
 
     # -- reading --------------------------------------------------------------------------
 
-    async def _read_blocks(self, url: str, start: int, end: int) -> bytes | None:
-        """One pass: use cached blocks, join fetches in flight, fetch the rest.
+    async def _read_parts(self, url: str, start: int, end: int) -> bytes | None:
+        """One pass: use landed parts, join parts in flight, fetch missing blocks.
 
-        None means "try again": a block turned out shorter than needed for a reason
-        other than the end of the file (it was cut at a since-grown extent).
+        None means "try again": a part turned out shorter than needed for a reason other
+        than the end of the file (it was cut at an extent that has since grown).
         """
         bs = self.block_size
-        first = start // bs
-        last = (end - 1) // bs
-        pieces: list[bytes | _Flight | None] = []
+        index = self._index
+        plan: list[list] = []  # [part or None, lo, hi]: who serves bytes [lo, hi)
         missing: list[int] = []
         joined = False
-        for i in range(first, last + 1):
-            key = (url, i)
-            need = min(end, (i + 1) * bs) - i * bs
-            block = self._lookup(key)
-            if block is not None:
-                if len(block) >= need:
-                    pieces.append(block)
+        pos = start
+        while pos < end:
+            i = pos // bs
+            block_end = min(end, (i + 1) * bs)
+            part = index.get((url, i))
+            if part is not None:
+                data = part.data
+                stop = min(end, part.end if data is None else part.start + len(data))
+                if stop >= block_end:
+                    plan.append([part, pos, stop])
+                    joined = joined or data is None
+                    pos = stop
                     continue
-                self._drop(key)  # cut short: fetch it again, the answer will tell
-            flight = self._inflight.get(key)
-            if flight is not None:
-                pieces.append(flight)
-                joined = True
-            else:
-                pieces.append(None)
-                missing.append(i)
+                # The part ends inside this block (the end of the file, or an extent that
+                # has grown since): fetch the block anew, its answer decides.
+                del index[(url, i)]
+            plan.append([None, pos, block_end])
+            missing.append(i)
+            pos = block_end
 
-        if missing and not self._fetch_missing(url, first, pieces, missing, end):
+        if missing and not self._fetch_missing(url, plan, missing, end):
             self._observe(url, start, end)
             return await self._direct(url, start, end)
         self._observe(url, start, end)
 
-        flights = list(dict.fromkeys(p for p in pieces if isinstance(p, _Flight)))
-        if not flights:
+        waits = [p for p, _, _ in plan if p.data is None]
+        if not waits:
             self._counters["hits"] += 1
         else:
             self._counters["misses"] += 1
             if joined:
                 self._counters["joined"] += 1
             if self._nursery is None:
-                mine = [f for f in flights if not f.started]
-                for f in mine:
-                    f.started = True
+                mine = list(dict.fromkeys(p for p in waits if not p.started))
+                for p in mine:
+                    p.started = True
                 await self._fly_inline(mine)
-            for f in flights:
-                await f.event.wait()
-        return self._assemble(url, start, end, first, pieces)
+            for p in waits:
+                await p.event.wait()
+        return self._assemble(url, plan)
 
-    def _fetch_missing(
-        self,
-        url: str,
-        first: int,
-        pieces: list[bytes | _Flight | None],
-        missing: list[int],
-        end: int,
-    ) -> bool:
+    def _fetch_missing(self, url: str, plan: list[list], missing: list[int], end: int) -> bool:
         """Start fetches for the missing blocks of a read, adjacent ones as one request.
 
-        Fills the flights into ``pieces``; False (and nothing started) if the budget has
+        Fills the new parts into ``plan``; False (and nothing started) if the budget has
         no room for all of them.  The last block stops at the extent, unless the read
         itself goes further.
         """
@@ -316,43 +317,55 @@ class BlockCache:
             run[2] = run[1] * bs if limit is None else min(run[1] * bs, limit)
         if not self._reserve(sum(stop - lo * bs for lo, _, stop in runs), ahead=False):
             return False
+        new = {}
         for lo, hi, stop in runs:
-            flight = self._start(url, lo, hi, stop, ahead=False)
+            part = self._start(url, lo, hi, stop, ahead=False)
             for i in range(lo, hi):
-                pieces[i - first] = flight
+                new[i] = part
+        for entry in plan:
+            if entry[0] is None:
+                entry[0] = new[entry[1] // bs]
         return True
 
-    def _assemble(
-        self, url: str, start: int, end: int, first: int, pieces: list[bytes | _Flight | None]
-    ) -> bytes | None:
-        bs = self.block_size
-        views: list[bytes | memoryview] = []
-        for n, piece in enumerate(pieces):
-            i = first + n
-            if isinstance(piece, _Flight):
-                if piece.error is not None:
-                    raise FetchError(str(piece.error), piece.error.errno) from piece.error
-                block = piece.block(i)
-                if piece.ahead:
-                    self._lookup((url, i))  # a read-ahead block now read: ordinary cache
-            else:
-                assert piece is not None
-                block = piece
-            base = i * bs
-            lo = max(start - base, 0)
-            hi = min(end - base, bs)
-            if len(block) < hi:
-                if isinstance(piece, _Flight) and piece.short:
+    def _assemble(self, url: str, plan: list[list]) -> bytes | None:
+        """The bytes the plan's parts hold, checked against what the store returned."""
+        pieces: list[bytes | memoryview] = []
+        previous: list | None = None
+        for entry in plan:
+            part, _, hi = entry
+            if part.error is not None:
+                raise FetchError(str(part.error), part.error.errno) from part.error
+            data = part.data
+            if hi - part.start > len(data):
+                if part.short:
                     raise FetchError(
-                        f"{redact(url)} ends at byte {base + len(block)}, "
-                        f"but byte {base + hi - 1} is referenced",
+                        f"{redact(url)} ends at byte {part.start + len(data)}, "
+                        f"but byte {hi - 1} is referenced",
                         errno.EIO,
                     )
                 return None
-            if len(pieces) == 1:
-                return block if lo == 0 and hi == len(block) else block[lo:hi]
-            views.append(block if lo == 0 and hi == len(block) else memoryview(block)[lo:hi])
-        return b"".join(views)
+            if previous is not None and previous[0] is part:
+                previous[2] = hi  # same part, contiguous: one slice
+                continue
+            self._touch(part)
+            if previous is not None:
+                pieces.append(self._slice(previous, True))
+            previous = entry
+        assert previous is not None
+        if not pieces:
+            return self._slice(previous, False)  # type: ignore[return-value]
+        pieces.append(self._slice(previous, True))
+        return b"".join(pieces)
+
+    @staticmethod
+    def _slice(entry: list, view: bool) -> bytes | memoryview:
+        part, lo, hi = entry
+        data = part.data
+        lo -= part.start
+        hi -= part.start
+        if lo == 0 and hi == len(data):
+            return data
+        return memoryview(data)[lo:hi] if view else data[lo:hi]
 
     async def _direct(self, url: str, start: int, end: int) -> bytes:
         """Fetch exactly what a read needs, bypassing the cache (no room in the budget)."""
@@ -391,6 +404,46 @@ class BlockCache:
             best.pos = end
         if best.reads >= 2 and best.run >= SEQ_MIN_BYTES and self._nursery is not None:
             self._top_up(url, best)
+            behind = best.pos - SEQ_BACK
+            if behind > best.dropped:
+                self._drop_behind(url, best.dropped, behind)
+                best.dropped = behind
+
+    def _drop_behind(self, url: str, lo: int, hi: int) -> None:
+        """Let go of parts a sequential stream has finished with, in ``[lo, hi)``.
+
+        A stream rarely comes back (and the kernel's page cache serves a file's re-reads),
+        so its parts are the first to evict; once the cache is half full they are evicted
+        at once, so a long stream recycles the same memory instead of pushing out what
+        random readers use (and fresh memory is slow to fault in on these VMs).
+        """
+        bs = self.block_size
+        index = self._index
+        evict = self._cached_bytes > self.budget // 2
+        i = lo // bs
+        stop = hi // bs
+        while i < stop:
+            part = index.get((url, i))
+            if part is None:
+                i += 1
+                continue
+            i = part.first + part.count
+            data = part.data
+            if data is None or part.start + len(data) > hi:
+                continue
+            if part in self._lru:
+                if not evict:
+                    self._lru.move_to_end(part, last=False)
+                    continue
+                del self._lru[part]
+            elif part in self._ahead:  # skipped over, never read
+                del self._ahead[part]
+                part.ahead = False
+                self._ahead_bytes -= len(data)
+                self._counters["readahead_unused"] += len(data)
+            else:
+                continue
+            self._evict(part)
 
     def _top_up(self, url: str, s: _Stream) -> None:
         pos = s.pos
@@ -426,12 +479,12 @@ class BlockCache:
         """Fetch the blocks of ``[start, target)`` not cached or in flight; return how far
         read-ahead now reaches (less than ``target`` if the budget ran out)."""
         bs = self.block_size
+        index = self._index
         i = start // bs
         stop = -(-target // bs)
         run_lo = -1
         while i < stop:
-            key = (url, i)
-            if key in self._lru or key in self._ahead or key in self._inflight:
+            if (url, i) in index:
                 if run_lo >= 0 and not self._issue_ahead(url, run_lo, i, limit):
                     return max(start, run_lo * bs)
                 run_lo = -1
@@ -450,140 +503,135 @@ class BlockCache:
         end = hi * self.block_size if limit is None else min(hi * self.block_size, limit)
         if end <= lo * self.block_size:
             return True
-        return self._issue(url, lo, hi, end, ahead=True) is not None
+        if not self._reserve(end - lo * self.block_size, ahead=True):
+            return False
+        self._start(url, lo, hi, end, ahead=True)
+        return True
 
     # -- fetching -------------------------------------------------------------------------
 
-    def _issue(self, url: str, lo: int, hi: int, end: int, *, ahead: bool) -> _Flight | None:
-        """Reserve room for blocks ``[lo, hi)`` (bytes up to ``end``) and start fetching them."""
-        if not self._reserve(end - lo * self.block_size, ahead):
-            return None
-        return self._start(url, lo, hi, end, ahead=ahead)
-
-    def _start(self, url: str, lo: int, hi: int, end: int, *, ahead: bool) -> _Flight:
+    def _start(self, url: str, lo: int, hi: int, end: int, *, ahead: bool) -> _Part:
         """Fetch blocks ``[lo, hi)``, whose room is already reserved, in the background."""
         start = lo * self.block_size
-        flight = _Flight(url, lo, hi - lo, start, end, ahead)
+        part = _Part(url, lo, hi - lo, start, end, ahead)
         for i in range(lo, hi):
-            self._inflight[(url, i)] = flight
+            self._index[(url, i)] = part
+        self._inflight_parts += 1
         kind = "readahead" if ahead else "demand"
         self._counters[f"{kind}_requests"] += 1
         self._counters[f"{kind}_bytes"] += end - start
         if self._nursery is not None:
-            flight.started = True
-            self._nursery.start_soon(self._fly, flight)
-        return flight
+            part.started = True
+            self._nursery.start_soon(self._fly, part)
+        return part
 
-    async def _fly_inline(self, flights: list[_Flight]) -> None:
+    async def _fly_inline(self, parts: list[_Part]) -> None:
         """Without ``run`` (tests, tools), a reader fetches its own blocks."""
         async with trio.open_nursery() as nursery:
-            for flight in flights:
-                nursery.start_soon(self._fly, flight)
+            for part in parts:
+                nursery.start_soon(self._fly, part)
 
-    async def _fly(self, flight: _Flight) -> None:
+    async def _fly(self, part: _Part) -> None:
         data: bytes | None = None
         try:
-            data = await self.fetcher.fetch(flight.url, flight.start, flight.end, allow_short=True)
+            data = await self.fetcher.fetch(part.url, part.start, part.end, allow_short=True)
         except FetchError as exc:
-            flight.error = exc
+            part.error = exc
         except Exception as exc:
             # A fault in a filesystem layer must fail this read, not the whole cache.
-            log.exception("fetch of %s failed unexpectedly", redact(flight.url))
-            flight.error = FetchError(f"{redact(flight.url)}: {type(exc).__name__}: {exc}")
+            log.exception("fetch of %s failed unexpectedly", redact(part.url))
+            part.error = FetchError(f"{redact(part.url)}: {type(exc).__name__}: {exc}")
         except BaseException:
-            flight.error = FetchError(f"{redact(flight.url)}: the read was cancelled")
+            part.error = FetchError(f"{redact(part.url)}: the read was cancelled")
             raise
         finally:
-            self._land(flight, data)
+            self._land(part, data)
 
-    def _land(self, flight: _Flight, data: bytes | None) -> None:
-        """Move a finished fetch from the in-flight table into the cache; wake its readers."""
-        self._inflight_bytes -= flight.reserved
-        if flight.ahead:
-            self._ahead_inflight -= flight.reserved
-        url, bs = flight.url, self.block_size
-        for i in range(flight.first, flight.first + flight.count):
-            key = (url, i)
-            if self._inflight.get(key) is flight:
-                del self._inflight[key]
+    def _land(self, part: _Part, data: bytes | None) -> None:
+        """Move a finished fetch from in flight into the cache; wake its readers."""
+        self._inflight_bytes -= part.reserved
+        if part.ahead:
+            self._ahead_inflight -= part.reserved
+        part.reserved = 0
+        self._inflight_parts -= 1
         if data is None:
             self._counters["fetch_errors"] += 1
+            part.data = b""
+            self._unindex(part, part.first)
         else:
-            if len(data) < flight.end - flight.start:
-                flight.short = True
-                self._eof[url] = flight.start + len(data)
-            now = trio.current_time() if flight.ahead else 0.0
-            blocks = flight.blocks
-            for k in range(flight.count):
-                block = data[k * bs : (k + 1) * bs]
-                blocks.append(block)
-                if block:
-                    self._store((url, flight.first + k), block, flight.ahead, now)
-        flight.reserved = 0
-        flight.event.set()
+            part.data = data
+            got = part.start + len(data)
+            if got < part.end:
+                part.short = True
+                self._eof[part.url] = got
+                # Blocks with no byte at all are forgotten: a later read asks again.
+                self._unindex(part, -(-got // self.block_size))
+            if data:
+                self._cached_bytes += len(data)
+                if part.ahead:
+                    part.landed = trio.current_time()
+                    self._ahead[part] = None
+                    self._ahead_bytes += len(data)
+                else:
+                    self._lru[part] = None
+        part.event.set()
+
+    def _unindex(self, part: _Part, first: int) -> None:
+        """Forget the part's block keys from block ``first`` on."""
+        index, url = self._index, part.url
+        for i in range(max(first, part.first), part.first + part.count):
+            key = (url, i)
+            if index.get(key) is part:
+                del index[key]
 
     # -- memory ---------------------------------------------------------------------------
 
-    def _lookup(self, key: Key) -> bytes | None:
-        """A cached block, now the most recently used; read-ahead becomes ordinary cache."""
-        block = self._lru.get(key)
-        if block is not None:
-            self._lru.move_to_end(key)
-            return block
-        entry = self._ahead.pop(key, None)
-        if entry is None:
-            return None
-        block = entry[0]
-        self._ahead_bytes -= len(block)
-        self._lru[key] = block
-        self._lru_bytes += len(block)
-        return block
+    def _touch(self, part: _Part) -> None:
+        """The part was read: most recently used; read-ahead becomes ordinary cache."""
+        if part.ahead:
+            part.ahead = False
+            if part in self._ahead:
+                del self._ahead[part]
+                self._ahead_bytes -= len(part.data)  # type: ignore[arg-type]
+                self._lru[part] = None
+            return
+        with contextlib.suppress(KeyError):  # evicted while its reader waited
+            self._lru.move_to_end(part)
 
-    def _store(self, key: Key, block: bytes, ahead: bool, now: float) -> None:
-        self._drop(key)
-        if ahead:
-            self._ahead[key] = (block, now)
-            self._ahead_bytes += len(block)
-        else:
-            self._lru[key] = block
-            self._lru_bytes += len(block)
-
-    def _drop(self, key: Key) -> None:
-        block = self._lru.pop(key, None)
-        if block is not None:
-            self._lru_bytes -= len(block)
-        entry = self._ahead.pop(key, None)
-        if entry is not None:
-            self._ahead_bytes -= len(entry[0])
+    def _evict(self, part: _Part) -> None:
+        assert part.data is not None
+        self._cached_bytes -= len(part.data)
+        self._unindex(part, part.first)
+        self._counters["evictions"] += 1
 
     def _reserve(self, size: int, ahead: bool) -> bool:
-        """Count ``size`` bytes in flight against the budget, evicting LRU blocks for room."""
+        """Count ``size`` bytes in flight against the budget, evicting LRU parts for room."""
         if ahead:
             if self._ahead_bytes + self._ahead_inflight + size > self._ahead_limit:
                 self._demote_stale()
                 if self._ahead_bytes + self._ahead_inflight + size > self._ahead_limit:
                     return False
-            evictable = self._lru_bytes  # never unread read-ahead
+            evictable = self._cached_bytes - self._ahead_bytes  # never unread read-ahead
         else:
-            evictable = self._lru_bytes + self._ahead_bytes
-        used = self._lru_bytes + self._ahead_bytes + self._inflight_bytes
-        over = used + size - self.budget
+            evictable = self._cached_bytes
+        over = self._cached_bytes + self._inflight_bytes + size - self.budget
         if over > evictable:
             return False
         while over > 0:
             if self._lru:
-                _, block = self._lru.popitem(last=False)
-                self._lru_bytes -= len(block)
+                part, _ = self._lru.popitem(last=False)
             else:
-                _, (block, _) = self._ahead.popitem(last=False)
-                self._ahead_bytes -= len(block)
-                self._counters["readahead_unused"] += len(block)
-            over -= len(block)
-            self._counters["evictions"] += 1
+                part, _ = self._ahead.popitem(last=False)
+                assert part.data is not None
+                part.ahead = False
+                self._ahead_bytes -= len(part.data)
+                self._counters["readahead_unused"] += len(part.data)
+            self._evict(part)
+            over -= len(part.data)
         self._inflight_bytes += size
         if ahead:
             self._ahead_inflight += size
-        used = self._lru_bytes + self._ahead_bytes + self._inflight_bytes
+        used = self._cached_bytes + self._inflight_bytes
         if used > self._counters["peak_bytes"]:
             self._counters["peak_bytes"] = used
         return True
@@ -592,11 +640,12 @@ class BlockCache:
         """Read-ahead unread for ``ahead_ttl`` seconds becomes evictable, oldest first."""
         cutoff = trio.current_time() - self.ahead_ttl
         while self._ahead:
-            key, (block, landed) = next(iter(self._ahead.items()))
-            if landed > cutoff:
+            part = next(iter(self._ahead))
+            if part.landed > cutoff:
                 break
-            del self._ahead[key]
-            self._ahead_bytes -= len(block)
-            self._lru[key] = block
-            self._lru.move_to_end(key, last=False)
-            self._lru_bytes += len(block)
+            del self._ahead[part]
+            part.ahead = False
+            assert part.data is not None
+            self._ahead_bytes -= len(part.data)
+            self._lru[part] = None
+            self._lru.move_to_end(part, last=False)

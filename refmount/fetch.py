@@ -172,7 +172,10 @@ class Fetcher:
         return fs, fs._strip_protocol(url), limiter
 
     def _make_filesystem(self, protocol: str) -> Any:
-        options = dict(self.remote_options.get(protocol, {}))
+        """The filesystem for a protocol, with its options: those given for it by name,
+        else those given for every remote protocol (``"*"``)."""
+        fallback = {} if protocol in LOCAL_PROTOCOLS else self.remote_options.get("*", {})
+        options = dict(self.remote_options.get(protocol, fallback))
         if protocol == "s3":
             # botocore keeps 10 connections unless told otherwise; match our concurrency.
             config = dict(options.get("config_kwargs", {}))
@@ -248,6 +251,8 @@ def classify(exc: BaseException) -> tuple[int, bool, str]:
         return errno.ENOENT, False, "not found"
     if isinstance(exc, PermissionError):
         return errno.EACCES, False, "access denied"
+    if "credential" in type(exc).__name__.lower():
+        return errno.EACCES, False, f"no usable credentials ({type(exc).__name__})"
     status = getattr(exc, "status", None) or getattr(exc, "code", None)
     if isinstance(status, int) and 400 <= status < 600:
         if status in (401, 403):

@@ -116,7 +116,13 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(exc.errno) from None
         for name, inode, size, cursor in entries:
             if size is None:
-                self._attributes(await self._node(inode), attr)
+                try:
+                    self._attributes(await self._node(inode), attr)
+                except pyfuse3.FUSEError:
+                    # One unreachable file must not end the listing: list it with
+                    # attributes the kernel may not keep, so stat or open asks again
+                    # and gets the error.
+                    self._unknown(inode, attr)
             else:
                 attr.st_ino = inode
                 attr.st_mode = file_mode
@@ -125,6 +131,14 @@ class Operations(pyfuse3.Operations):
                 attr.st_blocks = (size + 511) // 512
             if not pyfuse3.readdir_reply(token, os.fsencode(name), attr, cursor + 1):
                 return
+            attr.entry_timeout = attr.attr_timeout = CACHE_SECONDS
+
+    def _unknown(self, inode: int, attr: pyfuse3.EntryAttributes) -> None:
+        attr.st_ino = inode
+        attr.st_mode = self.tree.file_mode
+        attr.st_nlink = 1
+        attr.st_size = attr.st_blocks = 0
+        attr.entry_timeout = attr.attr_timeout = 0
 
     async def releasedir(self, fh: int) -> None:
         pass

@@ -48,7 +48,7 @@ class UrlResolver:
             if self.remote_protocol and self.remote_protocol not in LOCAL_PROTOCOLS:
                 return f"{self.remote_protocol}://{url}"
             if not self.refs_is_local and not url.startswith("/"):
-                return f"{self._base}/{url}"
+                return self._join_remote(url)
             protocol, path = "file", posixpath.join(self._base, url)
         if protocol not in LOCAL_PROTOCOLS:
             return url
@@ -58,3 +58,11 @@ class UrlResolver:
                 "pass --allow-local to permit this"
             )
         return posixpath.normpath(path)
+
+    def _join_remote(self, relative: str) -> str:
+        """``relative`` against the remote refs directory, with ``.`` and ``..`` resolved
+        (object stores take ``a/./b`` literally); it cannot climb above the bucket/host."""
+        protocol, _, rest = self._base.partition("://")
+        root, _, directory = rest.partition("/")
+        path = posixpath.normpath(posixpath.join("/" + directory, relative))
+        return f"{protocol}://{root}{path}"

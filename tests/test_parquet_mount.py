@@ -1,0 +1,59 @@
+"""A JSON reference set and the same set converted to Parquet, both mounted for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import kerchunk.df
+
+from tests.data_builders import kerchunk_refs, write_netcdf
+
+
+def tree_of(root: Path) -> dict[str, tuple[str, int]]:
+    """Every entry below ``root``: kind and size, as ``find`` and ``stat`` see them."""
+    listing = subprocess.run(
+        ["find", str(root), "-mindepth", "1", "-printf", "%P\\t%y\\t%s\\n"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    entries = {}
+    for line in listing.splitlines():
+        path, kind, size = line.split("\t")
+        entries[path] = (kind, int(size) if kind == "f" else 0)
+    return entries
+
+
+def test_json_and_parquet_mounts_are_identical(tmp_path: Path, mount) -> None:
+    nc = write_netcdf(tmp_path / "data.nc")
+    refs = kerchunk_refs(nc, f"file://{nc}")
+    json_path = tmp_path / "refs.json"
+    json_path.write_text(json.dumps(refs))
+    parquet_dir = tmp_path / "refs.parq"
+    kerchunk.df.refs_to_dataframe(refs, str(parquet_dir), record_size=7)
+    assert len(list(parquet_dir.rglob("refs.*.parq"))) > 3  # several records per array
+
+    from_json = mount(json_path).mountpoint
+    from_parquet = mount(parquet_dir).mountpoint
+    json_tree, parquet_tree = tree_of(from_json), tree_of(from_parquet)
+    # the Parquet set also serves its consolidated metadata
+    assert parquet_tree.pop(".zmetadata")[0] == "f"
+    assert json_tree.keys() == parquet_tree.keys()
+    assert sum(kind == "f" for kind, _ in json_tree.values()) == len(refs["refs"])
+    metadata = json.loads((from_parquet / ".zmetadata").read_bytes())
+    assert metadata["zarr_consolidated_format"] == 1
+    for path, (kind, size) in json_tree.items():
+        assert parquet_tree[path][0] == kind, path
+        if kind != "f":
+            continue
+        data = (from_json / path).read_bytes()
+        assert len(data) == size
+        if os.path.basename(path).startswith(".z"):
+            # Parquet keeps metadata as JSON objects, not kerchunk's text (which escapes
+            # "/" as "\/"): the documents are equal, their spelling may differ.
+            assert json.loads((from_parquet / path).read_bytes()) == json.loads(data), path
+            assert metadata["metadata"][path] == json.loads(data)
+        else:
+            assert parquet_tree[path] == (kind, size), path
+            assert (from_parquet / path).read_bytes() == data, path

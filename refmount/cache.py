@@ -21,14 +21,17 @@ Block size: 256 KiB
     size is decoupled from it: read-ahead goes out in parts of up to 8 MiB.
 
 Memory
-    One budget covers cached parts *and* parts in flight: a fetch reserves its size before
-    it starts, evicting least recently used parts to make room.  Read-ahead may use at
-    most half the budget (landed-but-unread plus in flight), and never evicts parts that
-    read-ahead fetched and nobody has read yet; only a reader's own demand may, as a last
-    resort.  Read-ahead that nobody has read for ``ahead_ttl`` seconds becomes ordinary
-    evictable cache.  When a read cannot reserve room (a budget smaller than the read, or
-    filled by fetches in flight), it is served by a direct, uncached fetch: correct, never
-    a deadlock.  Beyond the budget, memory is only what readers hold while they copy.
+    One budget covers cached parts *and* parts in flight: a fetch reserves twice its size
+    before it starts (the HTTP client holds the received pieces, then their join), evicting
+    least recently used parts to make room.  Read-ahead may use at most half the budget
+    (landed-but-unread plus in flight), and never evicts parts that read-ahead fetched and
+    nobody has read yet; only a reader's own demand may, as a last resort.  Read-ahead
+    that nobody has read for ``ahead_ttl`` seconds becomes ordinary evictable cache.  A
+    read-ahead part that has been read to the end goes to the cold end of the LRU, and is
+    evicted at once when the cache is over half full (see ``_consume``).  When a read
+    cannot reserve room (a budget smaller than the read, or filled by fetches in flight),
+    it is served by a direct, uncached fetch: correct, never a deadlock.  Beyond the
+    budget, memory is only what readers hold while they copy.
 
 Read-ahead
     Streams are tracked per URL, not per open file, so zarr chunks that lie back to back
@@ -74,6 +77,9 @@ SEQ_MIN_BYTES = 512 << 10  # sequential progress before read-ahead starts
 STREAMS_PER_URL = 4
 MAX_TRACKED_URLS = 4096
 AHEAD_TTL = 10.0  # seconds before unread read-ahead becomes ordinary cache
+# A part in flight is counted twice: the HTTP client holds the received pieces and then
+# their join, so the budget bounds real memory, not just the bytes that will be kept.
+INFLIGHT_COST = 2
 _ATTEMPTS = 3  # passes over a read before it falls back to a direct fetch
 
 Key = tuple[str, int]
@@ -88,6 +94,7 @@ class _Part:
 
     __slots__ = (
         "ahead",
+        "consumed",
         "count",
         "data",
         "end",
@@ -95,6 +102,7 @@ class _Part:
         "event",
         "first",
         "landed",
+        "prefetched",
         "reserved",
         "short",
         "start",
@@ -108,8 +116,10 @@ class _Part:
         self.count = count
         self.start = start
         self.end = end
-        self.reserved = end - start  # bytes counted in flight
+        self.reserved = (end - start) * INFLIGHT_COST  # bytes counted while in flight
         self.ahead = ahead  # fetched by read-ahead and not read yet
+        self.prefetched = ahead  # fetched by read-ahead
+        self.consumed = 0  # bytes read from it so far
         self.event = trio.Event()
         self.data: bytes | None = None
         self.error: FetchError | None = None
@@ -121,7 +131,7 @@ class _Part:
 class _Stream:
     """A sequential reader of one URL, as seen from the offsets it reads."""
 
-    __slots__ = ("ahead_end", "dropped", "grow_at", "pos", "reads", "run", "window")
+    __slots__ = ("ahead_end", "grow_at", "pos", "reads", "run", "window")
 
     def __init__(self, start: int, end: int) -> None:
         self.pos = end  # where the next sequential read is expected
@@ -130,7 +140,6 @@ class _Stream:
         self.window = 0  # 0 until read-ahead starts
         self.ahead_end = end  # read-ahead has been issued up to here
         self.grow_at = 0  # the window doubles once pos reaches this
-        self.dropped = start  # parts before this have been let go (drop-behind)
 
 
 class BlockCache:
@@ -209,6 +218,14 @@ class BlockCache:
 
     async def read(self, url: str, start: int, end: int) -> bytes:
         """Exactly bytes ``[start, end)`` of ``url``, or ``FetchError``."""
+        data = await self.read_buffer(url, start, end)
+        return data if type(data) is bytes else bytes(data)
+
+    async def read_buffer(self, url: str, start: int, end: int) -> bytes | memoryview:
+        """Like ``read``, but a read inside one cached part comes back as a memoryview of
+        it, without a copy.  pyfuse3 accepts any buffer from a ``read`` handler: a FUSE
+        READ served this way costs the daemon no copy of its own (the kernel copies once
+        into the page cache), and no fresh allocation per READ."""
         if start < 0:
             raise ValueError(f"negative offset {start}")
         if end <= start:
@@ -221,7 +238,9 @@ class BlockCache:
             self._observe(url, start, end)
             lo = start - part.start
             hi = end - part.start
-            return data if lo == 0 and hi == len(data) else data[lo:hi]
+            if part.prefetched:
+                self._consume(part, hi - lo)
+            return data if lo == 0 and hi == len(data) else memoryview(data)[lo:hi]
         for _ in range(_ATTEMPTS):
             result = await self._read_parts(url, start, end)
             if result is not None:
@@ -245,7 +264,7 @@ class BlockCache:
 
     # -- reading --------------------------------------------------------------------------
 
-    async def _read_parts(self, url: str, start: int, end: int) -> bytes | None:
+    async def _read_parts(self, url: str, start: int, end: int) -> bytes | memoryview | None:
         """One pass: use landed parts, join parts in flight, fetch missing blocks.
 
         None means "try again": a part turned out shorter than needed for a reason other
@@ -293,7 +312,7 @@ class BlockCache:
                 for p in mine:
                     p.started = True
                 await self._fly_inline(mine)
-            for p in waits:
+            for p in dict.fromkeys(waits):
                 await p.event.wait()
         return self._assemble(url, plan)
 
@@ -315,7 +334,8 @@ class BlockCache:
                 runs.append([i, i + 1, 0])
         for run in runs:
             run[2] = run[1] * bs if limit is None else min(run[1] * bs, limit)
-        if not self._reserve(sum(stop - lo * bs for lo, _, stop in runs), ahead=False):
+        size = sum(stop - lo * bs for lo, _, stop in runs)
+        if not self._reserve(size * INFLIGHT_COST, ahead=False):
             return False
         new = {}
         for lo, hi, stop in runs:
@@ -327,10 +347,9 @@ class BlockCache:
                 entry[0] = new[entry[1] // bs]
         return True
 
-    def _assemble(self, url: str, plan: list[list]) -> bytes | None:
+    def _assemble(self, url: str, plan: list[list]) -> bytes | memoryview | None:
         """The bytes the plan's parts hold, checked against what the store returned."""
-        pieces: list[bytes | memoryview] = []
-        previous: list | None = None
+        slices: list[list] = []  # [part, lo, hi], one per part
         for entry in plan:
             part, _, hi = entry
             if part.error is not None:
@@ -344,28 +363,20 @@ class BlockCache:
                         errno.EIO,
                     )
                 return None
-            if previous is not None and previous[0] is part:
-                previous[2] = hi  # same part, contiguous: one slice
-                continue
+            if slices and slices[-1][0] is part:
+                slices[-1][2] = hi  # same part, contiguous: one slice
+            else:
+                slices.append(list(entry))
+        pieces: list[bytes | memoryview] = []
+        for part, lo, hi in slices:
             self._touch(part)
-            if previous is not None:
-                pieces.append(self._slice(previous, True))
-            previous = entry
-        assert previous is not None
-        if not pieces:
-            return self._slice(previous, False)  # type: ignore[return-value]
-        pieces.append(self._slice(previous, True))
-        return b"".join(pieces)
-
-    @staticmethod
-    def _slice(entry: list, view: bool) -> bytes | memoryview:
-        part, lo, hi = entry
-        data = part.data
-        lo -= part.start
-        hi -= part.start
-        if lo == 0 and hi == len(data):
-            return data
-        return memoryview(data)[lo:hi] if view else data[lo:hi]
+            data = part.data
+            lo -= part.start
+            hi -= part.start
+            pieces.append(data if lo == 0 and hi == len(data) else memoryview(data)[lo:hi])
+            if part.prefetched:
+                self._consume(part, hi - lo)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     async def _direct(self, url: str, start: int, end: int) -> bytes:
         """Fetch exactly what a read needs, bypassing the cache (no room in the budget)."""
@@ -404,46 +415,6 @@ class BlockCache:
             best.pos = end
         if best.reads >= 2 and best.run >= SEQ_MIN_BYTES and self._nursery is not None:
             self._top_up(url, best)
-            behind = best.pos - SEQ_BACK
-            if behind > best.dropped:
-                self._drop_behind(url, best.dropped, behind)
-                best.dropped = behind
-
-    def _drop_behind(self, url: str, lo: int, hi: int) -> None:
-        """Let go of parts a sequential stream has finished with, in ``[lo, hi)``.
-
-        A stream rarely comes back (and the kernel's page cache serves a file's re-reads),
-        so its parts are the first to evict; once the cache is half full they are evicted
-        at once, so a long stream recycles the same memory instead of pushing out what
-        random readers use (and fresh memory is slow to fault in on these VMs).
-        """
-        bs = self.block_size
-        index = self._index
-        evict = self._cached_bytes > self.budget // 2
-        i = lo // bs
-        stop = hi // bs
-        while i < stop:
-            part = index.get((url, i))
-            if part is None:
-                i += 1
-                continue
-            i = part.first + part.count
-            data = part.data
-            if data is None or part.start + len(data) > hi:
-                continue
-            if part in self._lru:
-                if not evict:
-                    self._lru.move_to_end(part, last=False)
-                    continue
-                del self._lru[part]
-            elif part in self._ahead:  # skipped over, never read
-                del self._ahead[part]
-                part.ahead = False
-                self._ahead_bytes -= len(data)
-                self._counters["readahead_unused"] += len(data)
-            else:
-                continue
-            self._evict(part)
 
     def _top_up(self, url: str, s: _Stream) -> None:
         pos = s.pos
@@ -503,7 +474,7 @@ class BlockCache:
         end = hi * self.block_size if limit is None else min(hi * self.block_size, limit)
         if end <= lo * self.block_size:
             return True
-        if not self._reserve(end - lo * self.block_size, ahead=True):
+        if not self._reserve((end - lo * self.block_size) * INFLIGHT_COST, ahead=True):
             return False
         self._start(url, lo, hi, end, ahead=True)
         return True
@@ -597,6 +568,24 @@ class BlockCache:
             return
         with contextlib.suppress(KeyError):  # evicted while its reader waited
             self._lru.move_to_end(part)
+
+    def _consume(self, part: _Part, n: int) -> None:
+        """Count bytes read from a read-ahead part; let go of it once all have been read.
+
+        A sequential stream rarely comes back (and the kernel's page cache serves a file's
+        re-reads), so a fully read read-ahead part is the first to evict, and once the
+        cache is half full it is evicted at once: a long stream then recycles the same
+        memory instead of pushing out what random readers use (and fresh memory is slow
+        to fault in on small VMs).
+        """
+        part.consumed += n
+        if part.consumed < len(part.data) or part not in self._lru:  # type: ignore[arg-type]
+            return
+        if self._cached_bytes > self.budget // 2:
+            del self._lru[part]
+            self._evict(part)
+        else:
+            self._lru.move_to_end(part, last=False)
 
     def _evict(self, part: _Part) -> None:
         assert part.data is not None

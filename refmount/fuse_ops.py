@@ -160,7 +160,7 @@ class Operations(pyfuse3.Operations):
         self._open[fh] = OpenFile(self.tree.key(inode), ref, size)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
         handle = self._open[fh]
         end = min(off + size, handle.size)
         if off >= end:
@@ -170,7 +170,7 @@ class Operations(pyfuse3.Operations):
             return ref.data[off:end]
         assert ref.url is not None
         try:
-            return await self.cache.read(ref.url, ref.offset + off, ref.offset + end)
+            return await self.cache.read_buffer(ref.url, ref.offset + off, ref.offset + end)
         except FetchError as exc:
             if handle.key not in self._failed_keys and len(self._failed_keys) < 10_000:
                 self._failed_keys.add(handle.key)

@@ -45,7 +45,7 @@ class Operations(pyfuse3.Operations):
         self.fetch_stats = fetch_stats
         self._open: dict[int, OpenFile] = {}
         self._handles = itertools.count(1)
-        self._failed_keys: set[str] = set()
+        self._failed: set[tuple[str, str]] = set()
 
     # -- attributes -----------------------------------------------------------------------
 
@@ -75,7 +75,7 @@ class Operations(pyfuse3.Operations):
         try:
             return await self.tree.node(inode)
         except FetchError as exc:
-            self._log_failure(inode, exc)
+            self._warn_once(self.tree.path(inode), "size", exc)
             raise pyfuse3.FUSEError(exc.errno) from None
 
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
@@ -115,30 +115,20 @@ class Operations(pyfuse3.Operations):
         except FetchError as exc:
             raise pyfuse3.FUSEError(exc.errno) from None
         for name, inode, size, cursor in entries:
-            if size is None:
+            if size is not None:
+                self._attributes(Node(inode, file_mode, 1, size), attr)
+            else:
                 try:
                     self._attributes(await self._node(inode), attr)
                 except pyfuse3.FUSEError:
                     # One unreachable file must not end the listing: list it with
                     # attributes the kernel may not keep, so stat or open asks again
                     # and gets the error.
-                    self._unknown(inode, attr)
-            else:
-                attr.st_ino = inode
-                attr.st_mode = file_mode
-                attr.st_nlink = 1
-                attr.st_size = size
-                attr.st_blocks = (size + 511) // 512
+                    self._attributes(Node(inode, file_mode, 1, 0), attr)
+                    attr.entry_timeout = attr.attr_timeout = 0
             if not pyfuse3.readdir_reply(token, os.fsencode(name), attr, cursor + 1):
                 return
             attr.entry_timeout = attr.attr_timeout = CACHE_SECONDS
-
-    def _unknown(self, inode: int, attr: pyfuse3.EntryAttributes) -> None:
-        attr.st_ino = inode
-        attr.st_mode = self.tree.file_mode
-        attr.st_nlink = 1
-        attr.st_size = attr.st_blocks = 0
-        attr.entry_timeout = attr.attr_timeout = 0
 
     async def releasedir(self, fh: int) -> None:
         pass
@@ -154,7 +144,7 @@ class Operations(pyfuse3.Operations):
             ref = await self.tree.ref(inode)
             size = await self.tree.size(ref)
         except FetchError as exc:
-            self._log_failure(inode, exc)
+            self._warn_once(self.tree.key(inode), "size", exc)
             raise pyfuse3.FUSEError(exc.errno) from None
         fh = next(self._handles)
         self._open[fh] = OpenFile(self.tree.key(inode), ref, size)
@@ -172,9 +162,7 @@ class Operations(pyfuse3.Operations):
         try:
             return await self.cache.read_buffer(ref.url, ref.offset + off, ref.offset + end)
         except FetchError as exc:
-            if handle.key not in self._failed_keys and len(self._failed_keys) < 10_000:
-                self._failed_keys.add(handle.key)
-                log.warning("read of %r failed: %s", handle.key, exc)
+            self._warn_once(handle.key, "read", exc)
             raise pyfuse3.FUSEError(exc.errno) from None
 
     async def release(self, fh: int) -> None:
@@ -223,11 +211,11 @@ class Operations(pyfuse3.Operations):
         stats.f_namemax = 255
         return stats
 
-    def _log_failure(self, inode: int, exc: FetchError) -> None:
-        key = self.tree.key(inode) if not self.tree.is_dir(inode) else str(inode)
-        if key not in self._failed_keys and len(self._failed_keys) < 10_000:
-            self._failed_keys.add(key)
-            log.warning("size of %r unavailable: %s", key, exc)
+    def _warn_once(self, key: str, what: str, exc: FetchError) -> None:
+        """Log a key's failure once, not once per READ (the fetcher logs each URL once)."""
+        if (key, what) not in self._failed and len(self._failed) < 10_000:
+            self._failed.add((key, what))
+            log.warning("%s of %r failed: %s", what, key, exc)
 
 
 async def _refuse_write(self: Operations, *args: Any) -> Any:

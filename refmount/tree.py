@@ -78,6 +78,10 @@ class Tree:
     def key(self, inode: int) -> str:
         return self.refset.key(inode - FILE_BASE)
 
+    def path(self, inode: int) -> str:
+        """The key of a file or the path of a directory, for messages."""
+        return self._dir_paths.get(inode, "?") if self.is_dir(inode) else self.key(inode)
+
     def _dir_inode(self, path: str) -> int:
         inode = self._dir_inodes.get(path)
         if inode is None:

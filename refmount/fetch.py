@@ -135,6 +135,10 @@ class Fetcher:
         self.stats.bytes_fetched += len(data)
         return data
 
+    def known_size(self, url: str) -> int | None:
+        """The size of a whole remote file if it has been asked already."""
+        return self._sizes.get(url)
+
     async def size(self, url: str) -> int:
         """The size of a whole remote file, asked once and remembered."""
         known = self._sizes.get(url)

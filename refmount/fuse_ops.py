@@ -115,17 +115,16 @@ class Operations(pyfuse3.Operations):
         except FetchError as exc:
             raise pyfuse3.FUSEError(exc.errno) from None
         for name, inode, size, cursor in entries:
-            if size is not None:
-                self._attributes(Node(inode, file_mode, 1, size), attr)
+            if size is None and self.tree.is_dir(inode):
+                self._attributes(await self._node(inode), attr)
+            elif size is None and (size := self.tree.listed_size(inode)) is None:
+                # A whole remote file whose size the store has not told yet: a listing
+                # never waits on a remote, so list it with attributes the kernel may not
+                # keep; stat or open asks again (and waits, or gets the error).
+                self._attributes(Node(inode, file_mode, 1, 0), attr)
+                attr.entry_timeout = attr.attr_timeout = 0
             else:
-                try:
-                    self._attributes(await self._node(inode), attr)
-                except pyfuse3.FUSEError:
-                    # One unreachable file must not end the listing: list it with
-                    # attributes the kernel may not keep, so stat or open asks again
-                    # and gets the error.
-                    self._attributes(Node(inode, file_mode, 1, 0), attr)
-                    attr.entry_timeout = attr.attr_timeout = 0
+                self._attributes(Node(inode, file_mode, 1, size), attr)
             if not pyfuse3.readdir_reply(token, os.fsencode(name), attr, cursor + 1):
                 return
             attr.entry_timeout = attr.attr_timeout = CACHE_SECONDS

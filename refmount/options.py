@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,9 +108,38 @@ def parse_json_object(text: str) -> dict[str, Any]:
 
 def parse_octal(text: str) -> int:
     try:
-        return int(text, 8)
+        value = int(text, 8)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an octal mask: {text!r}") from None
+    if not 0 <= value <= 0o777:
+        raise argparse.ArgumentTypeError(f"a mask is 000 to 777: {text!r}")
+    return value
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An integer option that must be ``minimum`` or more."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}: {text!r}")
+        return value
+
+    return parse
+
+
+def seconds(text: str) -> float:
+    """A positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,42 +206,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         default=Config.timeout,
         metavar="S",
         help="deadline of one remote request attempt (default 30)",
     )
     g.add_argument(
         "--retries",
-        type=int,
+        type=at_least(0),
         default=Config.retries,
         metavar="N",
         help="further attempts after a transient failure (default 3)",
     )
     g.add_argument(
         "--max-requests",
-        type=int,
+        type=at_least(1),
         default=Config.max_requests,
         metavar="N",
         help="remote requests in flight, all hosts (default 64)",
     )
     g.add_argument(
         "--max-requests-per-host",
-        type=int,
+        type=at_least(1),
         default=Config.max_requests_per_host,
         metavar="N",
         help="remote requests in flight to one host (default 32)",
     )
     g.add_argument(
         "--read-ahead-kb",
-        type=int,
+        type=at_least(0),
         default=Config.read_ahead_kb,
         metavar="KB",
         help="kernel read-ahead set on the mount (default 16384)",
     )
     g.add_argument(
         "--max-background",
-        type=int,
+        type=at_least(1),
         default=Config.max_background,
         metavar="N",
         help="kernel FUSE requests in flight (default 64)",
@@ -218,8 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("ownership and access")
     g.add_argument("--allow-other", action="store_true", help="let other users read the mount")
     g.add_argument("--allow-root", action="store_true", help="let root read the mount")
-    g.add_argument("--uid", type=int, default=None, help="owner of every entry")
-    g.add_argument("--gid", type=int, default=None, help="group of every entry")
+    g.add_argument("--uid", type=at_least(0), default=None, help="owner of every entry")
+    g.add_argument("--gid", type=at_least(0), default=None, help="group of every entry")
     g.add_argument("--umask", type=parse_octal, default=0, help="mask over 0444/0555 (octal)")
     g.add_argument("--fsname", help="source name shown in mount tables (default: REFS)")
     g.add_argument(
@@ -241,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--ready-timeout",
-        type=float,
+        type=seconds,
         default=Config.ready_timeout,
         metavar="S",
         help="how long the background start waits for the mount (default 600)",
@@ -338,6 +369,6 @@ def _libfuse_version() -> str:
     try:
         lib = ctypes.CDLL("libfuse3.so.3")
         number = lib.fuse_version()
-        return f"libfuse {number // 10}.{number % 10}"
+        return f"libfuse {number // 100}.{number % 100}"  # FUSE_MAKE_VERSION: major*100+minor
     except (OSError, AttributeError):
         return "libfuse unavailable"

@@ -22,6 +22,8 @@ from refmount.tuning import tune_kernel
 
 log = logging.getLogger(__name__)
 
+STOP_GRACE = 1.0  # seconds requests in flight may finish in after SIGTERM
+
 
 def mount_options(config: Config) -> set[str]:
     """What pyfuse3 passes to libfuse.  Always read-only, no devices, no setuid."""
@@ -67,7 +69,8 @@ class Daemon:
             ),
         )
         cache = BlockCache(fetcher, budget=config.cache_size, extent=refset.url_extent)
-        tree = Tree(refset, Owner(config.uid, config.gid, config.umask), fetcher.size)
+        owner = Owner(config.uid, config.gid, config.umask)
+        tree = Tree(refset, owner, fetcher.size, fetcher.known_size)
         operations = Operations(tree, cache, fetcher.stats, xattrs=config.xattrs)
         return cls(config, operations, cache)
 
@@ -92,7 +95,7 @@ class Daemon:
     async def _main(self, ready: Callable[[], None]) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.cache.run)
-            nursery.start_soon(self._stop_on_signals)
+            nursery.start_soon(self._stop_on_signals, nursery.cancel_scope)
             nursery.start_soon(self._announce_when_ready, ready)
             # Requests in flight may exceed the kernel's background limit (reads) plus
             # foreground ones (lookups): leave room for both.
@@ -115,10 +118,15 @@ class Daemon:
         notify(f"READY=1\nSTATUS=serving {self.config.refs}")
         ready()
 
-    async def _stop_on_signals(self) -> None:
+    async def _stop_on_signals(self, scope: trio.CancelScope) -> None:
+        """Unmount on SIGINT or SIGTERM: requests in flight get a short grace, then are
+        cancelled, so a read waiting on a stalled store does not hold up the stop."""
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
                 log.info("received %s: unmounting", signal.Signals(signum).name)
                 notify("STOPPING=1")
                 pyfuse3.terminate()
+                await trio.sleep(STOP_GRACE)
+                log.warning("requests still in flight after %g s: cancelling them", STOP_GRACE)
+                scope.cancel()
                 return

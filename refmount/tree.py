@@ -52,15 +52,21 @@ class Tree:
     """The directory tree of one reference set.
 
     ``remote_size`` answers the size of a whole remote file (``[url]`` references), which
-    only the store knows; it is asked on first lookup and remembered by the fetcher.
+    only the store knows; it is asked on first lookup and remembered by the fetcher, and
+    ``known_size`` says it without asking when it has been asked before.
     """
 
     def __init__(
-        self, refset: RefSet, owner: Owner, remote_size: Callable[[str], Awaitable[int]]
+        self,
+        refset: RefSet,
+        owner: Owner,
+        remote_size: Callable[[str], Awaitable[int]],
+        known_size: Callable[[str], int | None] = lambda url: None,
     ) -> None:
         self.refset = refset
         self.owner = owner
         self._remote_size = remote_size
+        self._known_size = known_size
         self._dir_paths: dict[int, str] = {ROOT_INODE: ""}
         self._dir_inodes: dict[str, int] = {"": ROOT_INODE}
         self._nlinks: dict[int, int] = {}
@@ -138,6 +144,11 @@ class Tree:
             return ref.length
         assert ref.url is not None
         return await self._remote_size(ref.url)
+
+    def listed_size(self, inode: int) -> int | None:
+        """A file's size without asking the store: listings never wait on a remote."""
+        ref = self.refset.ref(inode - FILE_BASE)
+        return self._known_size(ref.url) if ref.url is not None and ref.length is None else None
 
     async def node(self, inode: int) -> Node:
         if self.is_dir(inode):

@@ -44,7 +44,8 @@ def daemon_pids(mountpoint: Path) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"refmount" in b" ".join(argv) and needle in argv:
+        is_daemon = b"refmount" in argv or os.path.basename(argv[0]) == b"refmount"
+        if is_daemon and needle in argv:  # not libfuse's fusermount3 auto_unmount helper
             pids.append(int(entry.name))
     return pids
 

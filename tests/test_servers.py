@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import requests
+
 from tests.support.servers import MotoServer, RangeServer, free_port
 
 BIG = 3 * (1 << 20) + 123  # more than one 1 MiB streaming piece

@@ -11,6 +11,6 @@ if grep -qs " $(realpath "$mountpoint") " /proc/mounts; then
 fi
 "$repo/.venv/bin/refmount" "$repo/examples/air/refs.json" "$mountpoint"
 echo "Mounted examples/air/refs.json on $mountpoint:"
-ls -lR "$mountpoint"
+ls -lAR "$mountpoint"
 echo
 echo "Unmount with: fusermount3 -u $mountpoint"

@@ -58,6 +58,7 @@ class Daemon:
             storage_options=config.refs_options,
             remote_protocol=config.remote_protocol,
             allow_local=config.allow_local,
+            timeout=config.timeout,
         )
         fetcher = Fetcher(
             remote_options=config.remote_options,

@@ -28,7 +28,8 @@ from zarr.storage import KVStore
 
 from refmount.errors import RefsError
 from refmount.refs.model import Child, Ref
-from refmount.refs.parquet import ParquetRefSet, is_parquet_refs
+from refmount.refs.parquet import ParquetRefSet
+from refmount.refs.source import is_parquet_refs
 from refmount.refs.values import inline_bytes
 
 

@@ -10,7 +10,12 @@ from typing import Any
 
 from refmount.errors import RefsError
 from refmount.refs.model import Child, Ref, RefSet
-from refmount.refs.source import filesystem_for, modification_time, read_refs_bytes
+from refmount.refs.source import (
+    filesystem_for,
+    is_parquet_refs,
+    modification_time,
+    read_refs_bytes,
+)
 from refmount.refs.urls import UrlResolver
 
 __all__ = ["Child", "Ref", "RefSet", "RefsError", "open_refset"]
@@ -24,18 +29,21 @@ def open_refset(
     storage_options: Mapping[str, Any] | None = None,
     remote_protocol: str | None = None,
     allow_local: bool = False,
+    timeout: float = 60.0,
 ) -> RefSet:
     """Read and validate the reference set at ``url`` (a JSON file, plain or compressed,
-    or a Parquet reference directory), raising :class:`RefsError` with the reason."""
+    or a Parquet reference directory), raising :class:`RefsError` with the reason.
+    ``timeout`` bounds each later load of a lazily read part (a Parquet record file)."""
     fs, path = filesystem_for(url, storage_options or {})
     resolve = UrlResolver(url, remote_protocol=remote_protocol, allow_local=allow_local)
+    if is_parquet_refs(fs, path):
+        from refmount.refs.parquet import ParquetRefSet
+
+        mtime = modification_time(fs, f"{path.rstrip('/')}/.zmetadata")
+        return ParquetRefSet.open(fs, path, resolve=resolve, mtime=mtime, load_timeout=timeout)
     mtime = modification_time(fs, path)
     if _is_directory(fs, path):
-        from refmount.refs.parquet import ParquetRefSet, is_parquet_refs
-
-        if not is_parquet_refs(fs, path):
-            raise RefsError(f"{url}: a directory without .zmetadata is not a reference set")
-        return ParquetRefSet.open(fs, path, resolve=resolve, mtime=mtime)
+        raise RefsError(f"{url}: a directory without .zmetadata is not a reference set")
     # Each format's modules (and pyarrow) are imported only when that format is met:
     # a Parquet set should be mounted before pyarrow would have finished importing.
     from refmount.refs import jsonrefs

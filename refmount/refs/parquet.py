@@ -45,7 +45,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -76,15 +76,6 @@ _WARN_ONCE_MAX = 10_000
 _COLUMNS = ("path", "offset", "size", "raw")
 _FIRST_BATCH = 64
 _MAX_BATCH = 8192
-
-
-def is_parquet_refs(fs: Any, root: str) -> bool:
-    """Whether ``root`` is a directory holding a ``.zmetadata`` file."""
-    root = root.rstrip("/")
-    try:
-        return bool(fs.isdir(root) and fs.isfile(f"{root}/{ZMETADATA}"))
-    except OSError:
-        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,9 +316,9 @@ def _parse_zarray(key: str, value: Any) -> tuple[tuple[int, ...], bool]:
     if not isinstance(meta, dict):
         raise RefsError(f"key {key!r}: .zarray must be a JSON object")
     shape, chunks = meta.get("shape"), meta.get("chunks")
-    for field, val in (("shape", shape), ("chunks", chunks)):
+    for name, val in (("shape", shape), ("chunks", chunks)):
         if not isinstance(val, list) or not all(_is_count(v) for v in val):
-            raise RefsError(f"key {key!r}: {field} must be a list of non-negative integers")
+            raise RefsError(f"key {key!r}: {name} must be a list of non-negative integers")
     assert isinstance(shape, list) and isinstance(chunks, list)
     if len(shape) != len(chunks):
         raise RefsError(f"key {key!r}: shape and chunks have different lengths")
@@ -426,6 +417,14 @@ def _layout(metadata: dict[str, Any]) -> _Layout:
 # --- the reference set ----------------------------------------------------------------
 
 
+@dataclass
+class _Load:
+    """One record load in flight, shared by every caller that needs it."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    error: FetchError | None = None
+
+
 class ParquetRefSet(RefSet):
     """A LazyReferenceMapper directory, mounted without reading its record files."""
 
@@ -439,8 +438,10 @@ class ParquetRefSet(RefSet):
         resolve: Callable[[str], str],
         mtime: float,
         record_cache_bytes: int,
+        load_timeout: float,
     ) -> None:
         self.mtime = mtime
+        self._load_timeout = load_timeout
         self.record_size = record_size
         self._fs = fs
         self._root = root
@@ -450,7 +451,7 @@ class ParquetRefSet(RefSet):
         self._cache = _RecordCache(record_cache_bytes)
         #: array index -> record numbers whose files exist (None: the listing failed)
         self._listed: dict[int, np.ndarray | None] = {}
-        self._inflight: dict[object, trio.Event] = {}
+        self._inflight: dict[object, _Load] = {}
         #: record files opened so far (tests and statistics)
         self.record_reads = 0
 
@@ -509,8 +510,10 @@ class ParquetRefSet(RefSet):
         resolve: Callable[[str], str],
         mtime: float,
         record_cache_bytes: int = 256 << 20,
+        load_timeout: float = 60.0,
     ) -> ParquetRefSet:
-        """Read and validate ``ROOT/.zmetadata`` (and nothing else)."""
+        """Read and validate ``ROOT/.zmetadata`` (and nothing else).  A record file that
+        takes longer than ``load_timeout`` seconds to load is an I/O error."""
         root = root.rstrip("/") or "/"
         metadata, record_size = _load_zmetadata(fs, root)
         return cls(
@@ -521,6 +524,7 @@ class ParquetRefSet(RefSet):
             resolve=resolve,
             mtime=mtime,
             record_cache_bytes=record_cache_bytes,
+            load_timeout=load_timeout,
         )
 
     # --- keys and file ids ------------------------------------------------------------
@@ -718,7 +722,9 @@ class ParquetRefSet(RefSet):
         try:
             names = self._fs.ls(arr.record_dir, detail=False)
         except FileNotFoundError:
-            names = []
+            # No such directory, or a store that cannot list (HTTP): try every record;
+            # a missing record file still means missing chunks.
+            return None
         except OSError as exc:
             self._warn_once(f"ls:{arr.record_dir}", "cannot list %s: %s", arr.record_dir, exc)
             return None
@@ -911,16 +917,26 @@ class ParquetRefSet(RefSet):
             await self._shared_load((arr.index, record_no), self._record, arr, record_no)
 
     async def _shared_load(self, tag: object, fn: Callable[..., object], *args: Any) -> None:
-        event = self._inflight.get(tag)
-        if event is not None:
-            await event.wait()
-            return
-        event = self._inflight[tag] = trio.Event()
-        try:
-            await trio.to_thread.run_sync(fn, *args)
-        finally:
-            del self._inflight[tag]
-            event.set()
+        """Run one load in a worker thread, with a deadline; concurrent callers wait for
+        it and share its outcome (a stalled store fails them all, none retries it on the
+        event loop)."""
+        load = self._inflight.get(tag)
+        if load is None:
+            load = self._inflight[tag] = _Load()
+            try:
+                with trio.fail_after(self._load_timeout):
+                    await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+            except trio.TooSlowError:
+                load.error = FetchError(
+                    f"{self._root}: a record file did not load within {self._load_timeout:g} s"
+                )
+            finally:
+                del self._inflight[tag]
+                load.done.set()
+        else:
+            await load.done.wait()
+        if load.error is not None:
+            raise load.error
 
     # --- statistics and cleanup -------------------------------------------------------
 

@@ -57,6 +57,15 @@ def modification_time(fs: Any, path: str) -> float:
     return time.time()
 
 
+def is_parquet_refs(fs: Any, root: str) -> bool:
+    """Whether ``root`` holds a Parquet reference set: asked as ``ROOT/.zmetadata``
+    rather than "is it a directory", which stores such as HTTP cannot answer."""
+    try:
+        return bool(fs.isfile(f"{root.rstrip('/')}/.zmetadata"))
+    except (OSError, ValueError):
+        return False
+
+
 def compression_of(name: str, head: bytes) -> str | None:
     for magic, kind in _BY_MAGIC:
         if head.startswith(magic):

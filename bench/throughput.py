@@ -73,7 +73,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.servers import RangeServer  # noqa: E402
+from tests.support.servers import RangeServer, stop_process  # noqa: E402
 
 log = logging.getLogger("bench")
 
@@ -273,16 +273,6 @@ def unmount(mountpoint: Path) -> None:
         subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
 
 
-def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 class RssSampler:
     """Polls a process's resident memory; ``peak`` is the larger of samples and VmHWM."""
 
@@ -355,7 +345,7 @@ def fsspec_fuse_mount(setup: Setup, mountpoint: Path) -> Iterator[int | None]:
         yield proc.pid
     finally:
         unmount(mountpoint)
-        stop(proc)
+        stop_process(proc, grace=10.0)
         logfile.close()
 
 

@@ -218,31 +218,25 @@ def test_persistent_503_gives_eio_and_the_daemon_lives_on(
     assert_reads(m.mountpoint / "good", good.data[:700])
 
 
-def test_403_is_permission_denied(
-    mount: Callable[..., Mounted], remote: Callable[..., Remote], http: RangeServer, tmp_path: Path
+@pytest.mark.parametrize(
+    ("fault", "message"), [("403", "Permission denied"), ("404", "No such file or directory")]
+)
+def test_permanent_http_errors_map_to_errno_without_retry(
+    mount: Callable[..., Mounted],
+    remote: Callable[..., Remote],
+    http: RangeServer,
+    tmp_path: Path,
+    fault: str,
+    message: str,
 ) -> None:
-    target = remote("secret")
+    target = remote(f"permanent-{fault}")
     m = mount(write_refs(tmp_path, {"k": [target.url, 0, 100]}), "--timeout", "2", "--retries", "3")
-    http.fault(target.path, "403", count=-1)
+    http.fault(target.path, fault, count=-1)
 
-    result = assert_fails(m.mountpoint / "k", "Permission denied")
+    result = assert_fails(m.mountpoint / "k", message)
 
     assert result.stdout == b""
-    # 403 is not transient: no retry (one request per READ, never four).
-    assert 1 <= http.stats()["requests"] <= 2
-    assert m.process.poll() is None
-
-
-def test_404_on_a_range_key_is_enoent_not_data(
-    mount: Callable[..., Mounted], remote: Callable[..., Remote], http: RangeServer, tmp_path: Path
-) -> None:
-    target = remote("gone")
-    m = mount(write_refs(tmp_path, {"k": [target.url, 0, 100]}), "--timeout", "2", "--retries", "3")
-    http.fault(target.path, "404", count=-1)
-
-    result = assert_fails(m.mountpoint / "k", "No such file or directory")
-
-    assert result.stdout == b""
+    # 403 and 404 are not transient: no retry (one request per READ, never four).
     assert 1 <= http.stats()["requests"] <= 2
     assert m.process.poll() is None
 

@@ -49,7 +49,7 @@ def _http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> Any
     return json.loads(payload) if payload else None
 
 
-def _stop_process(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
     """Terminate this one process, then kill it if it has not gone within grace seconds."""
     if proc.poll() is None:
         proc.terminate()
@@ -93,7 +93,7 @@ class _Subprocess:
 
     def stop(self) -> None:
         if self._proc is not None:
-            _stop_process(self._proc)
+            stop_process(self._proc)
             self._proc = None
         if self._log is not None:
             self._log.close()

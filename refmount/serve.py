@@ -90,6 +90,7 @@ class Daemon:
             trio.run(self._main, ready)
         finally:
             pyfuse3.close(unmount=True)
+            self.operations.tree.refset.close()
             log.info("unmounted %s", mountpoint)
         return 0
 

@@ -11,6 +11,16 @@ Blocks and parts
     once however many readers want them; they all wake when it lands, and all get the
     ``FetchError`` if the fetch fails (a failed part is not cached: a later read retries).
 
+Whole references
+    A random read inside a reference of at most ``max_part`` bytes (a zarr chunk, read
+    whole by nearly every reader) fetches exactly that reference, as one part keyed by
+    ``(url, start, end)`` of the reference rather than by blocks: no byte outside it is
+    fetched or held, so a random read of a 4 KiB chunk costs 4 KiB of memory, not a
+    256 KiB block, and a chunk that straddles a block boundary is one request, not two.
+    The reader's further READs of the same file find the part.  A read that starts where
+    another ended, or inside a stream's read-ahead, or whose block is cached or in flight,
+    takes the block path: the next of back-to-back chunks is how a stream starts.
+
 Block size: 256 KiB
     A block is the unit of lookup and of a random read's fetch.  A FUSE READ is 128 KiB to
     1 MiB, so a read touches one to five block keys, usually all in one part: a handful of
@@ -100,6 +110,7 @@ class _Part:
         "end",
         "error",
         "event",
+        "exact",
         "first",
         "landed",
         "prefetched",
@@ -110,8 +121,18 @@ class _Part:
         "url",
     )
 
-    def __init__(self, url: str, first: int, count: int, start: int, end: int, ahead: bool):
+    def __init__(
+        self,
+        url: str,
+        first: int,
+        count: int,
+        start: int,
+        end: int,
+        ahead: bool,
+        exact: tuple[str, int, int] | None = None,
+    ):
         self.url = url
+        self.exact = exact  # the key of a whole-reference part; None for block parts
         self.first = first
         self.count = count
         self.start = start
@@ -173,6 +194,8 @@ class BlockCache:
         self._nursery: trio.Nursery | None = None
         # Every block key of every part, landed or in flight.
         self._index: dict[Key, _Part] = {}
+        # Whole-reference parts, landed or in flight, by (url, start, end).
+        self._exact: dict[tuple[str, int, int], _Part] = {}
         # Landed parts that have been read (or were fetched for a reader), least recent first.
         self._lru: OrderedDict[_Part, None] = OrderedDict()
         # Landed read-ahead parts nobody has read yet, oldest first.
@@ -221,11 +244,17 @@ class BlockCache:
         data = await self.read_buffer(url, start, end)
         return data if type(data) is bytes else bytes(data)
 
-    async def read_buffer(self, url: str, start: int, end: int) -> bytes | memoryview:
+    async def read_buffer(
+        self, url: str, start: int, end: int, reference: tuple[int, int] | None = None
+    ) -> bytes | memoryview:
         """Like ``read``, but a read inside one cached part comes back as a memoryview of
         it, without a copy.  pyfuse3 accepts any buffer from a ``read`` handler: a FUSE
         READ served this way costs the daemon no copy of its own (the kernel copies once
-        into the page cache), and no fresh allocation per READ."""
+        into the page cache), and no fresh allocation per READ.
+
+        ``reference`` is the ``[start, end)`` of the whole reference the read belongs to:
+        given, a random read of a small reference fetches exactly it (see the module's
+        docstring)."""
         if start < 0:
             raise ValueError(f"negative offset {start}")
         if end <= start:
@@ -241,6 +270,12 @@ class BlockCache:
             if part.prefetched:
                 self._consume(part, hi - lo)
             return data if lo == 0 and hi == len(data) else memoryview(data)[lo:hi]
+        if reference is not None and reference[1] - reference[0] <= self.max_part:
+            ref_start, ref_end = reference
+            if ref_start <= start and end <= ref_end:
+                result = await self._read_whole(url, start, end, (url, ref_start, ref_end))
+                if result is not None:
+                    return result
         for _ in range(_ATTEMPTS):
             result = await self._read_parts(url, start, end)
             if result is not None:
@@ -255,6 +290,7 @@ class BlockCache:
             readahead_cached=self._ahead_bytes,
             inflight_bytes=self._inflight_bytes,
             parts_cached=len(self._lru) + len(self._ahead),
+            whole_references=len(self._exact),
             inflight_parts=self._inflight_parts,
             streams=sum(len(s) for s in self._streams.values()),
             budget=self.budget,
@@ -263,6 +299,50 @@ class BlockCache:
         return out
 
     # -- reading --------------------------------------------------------------------------
+
+    async def _read_whole(
+        self, url: str, start: int, end: int, key: tuple[str, int, int]
+    ) -> bytes | memoryview | None:
+        """Serve a read from its whole reference's part, fetching the part if the read is
+        random; None sends the read down the block path."""
+        part = self._exact.get(key)
+        if part is None:
+            if (url, start // self.block_size) in self._index or self._continues(url, start):
+                return None
+            _, ref_start, ref_end = key
+            if not self._reserve((ref_end - ref_start) * INFLIGHT_COST, ahead=False):
+                return None
+            part = _Part(url, -1, 0, ref_start, ref_end, ahead=False, exact=key)
+            self._exact[key] = part
+            self._launch(part)
+            self._counters["misses"] += 1
+        elif part.data is None:
+            self._counters["misses"] += 1
+            self._counters["joined"] += 1
+        else:
+            self._counters["hits"] += 1
+        self._observe(url, start, end)
+        if part.data is None:
+            if not part.started:
+                part.started = True
+                await self._fly_inline([part])
+            await part.event.wait()
+        if part.error is not None:
+            raise FetchError(str(part.error), part.error.errno) from part.error
+        self._touch(part)
+        data = part.data
+        assert data is not None
+        lo, hi = start - part.start, end - part.start
+        return data if lo == 0 and hi == len(data) else memoryview(data)[lo:hi]
+
+    def _continues(self, url: str, start: int) -> bool:
+        """Whether a read at ``start`` goes on from where one of the URL's streams stands:
+        right where its last read ended (the next of back-to-back chunks), or inside the
+        reach of its read-ahead."""
+        return any(
+            start == s.pos or (s.window and s.pos - SEQ_BACK <= start <= s.ahead_end)
+            for s in self._streams.get(url, ())
+        )
 
     async def _read_parts(self, url: str, start: int, end: int) -> bytes | memoryview | None:
         """One pass: use landed parts, join parts in flight, fetch missing blocks.
@@ -483,18 +563,21 @@ class BlockCache:
 
     def _start(self, url: str, lo: int, hi: int, end: int, *, ahead: bool) -> _Part:
         """Fetch blocks ``[lo, hi)``, whose room is already reserved, in the background."""
-        start = lo * self.block_size
-        part = _Part(url, lo, hi - lo, start, end, ahead)
+        part = _Part(url, lo, hi - lo, lo * self.block_size, end, ahead)
         for i in range(lo, hi):
             self._index[(url, i)] = part
+        self._launch(part)
+        return part
+
+    def _launch(self, part: _Part) -> None:
+        """Count a new part in flight and start its fetch (if the cache runs a nursery)."""
         self._inflight_parts += 1
-        kind = "readahead" if ahead else "demand"
+        kind = "readahead" if part.ahead else "demand"
         self._counters[f"{kind}_requests"] += 1
-        self._counters[f"{kind}_bytes"] += end - start
+        self._counters[f"{kind}_bytes"] += part.end - part.start
         if self._nursery is not None:
             part.started = True
             self._nursery.start_soon(self._fly, part)
-        return part
 
     async def _fly_inline(self, parts: list[_Part]) -> None:
         """Without ``run`` (tests, tools), a reader fetches its own blocks."""
@@ -505,7 +588,9 @@ class BlockCache:
     async def _fly(self, part: _Part) -> None:
         data: bytes | None = None
         try:
-            data = await self.fetcher.fetch(part.url, part.start, part.end, allow_short=True)
+            # A whole reference must come back whole; blocks may end with the file.
+            short = part.exact is None
+            data = await self.fetcher.fetch(part.url, part.start, part.end, allow_short=short)
         except FetchError as exc:
             part.error = exc
         except Exception as exc:
@@ -548,7 +633,12 @@ class BlockCache:
         part.event.set()
 
     def _unindex(self, part: _Part, first: int) -> None:
-        """Forget the part's block keys from block ``first`` on."""
+        """Forget the part's block keys from block ``first`` on (a whole-reference part:
+        its key)."""
+        if part.exact is not None:
+            if self._exact.get(part.exact) is part:
+                del self._exact[part.exact]
+            return
         index, url = self._index, part.url
         for i in range(max(first, part.first), part.first + part.count):
             key = (url, i)

@@ -159,7 +159,9 @@ class Operations(pyfuse3.Operations):
             return ref.data[off:end]
         assert ref.url is not None
         try:
-            return await self.cache.read_buffer(ref.url, ref.offset + off, ref.offset + end)
+            return await self.cache.read_buffer(
+                ref.url, ref.offset + off, ref.offset + end, (ref.offset, ref.offset + handle.size)
+            )
         except FetchError as exc:
             self._warn_once(handle.key, "read", exc)
             raise pyfuse3.FUSEError(exc.errno) from None

@@ -96,12 +96,16 @@ def assert_accounting(cache: BlockCache) -> None:
         assert part in cache._lru or part in cache._ahead
         assert part.url == url
         assert part.start <= i * bs < part.start + len(part.data)
+    for (url, start, end), part in cache._exact.items():
+        assert part in cache._lru
+        assert (part.url, part.start, len(part.data)) == (url, start, end - start)
 
 
 def held_or_reserved(cache: BlockCache) -> int:
     """Bytes of cached parts plus requested bytes of parts in flight, counted from scratch."""
     held = sum(len(p.data) for p in [*cache._lru, *cache._ahead])
-    flying = {id(p): 2 * (p.end - p.start) for p in cache._index.values() if p.data is None}
+    parts = [*cache._index.values(), *cache._exact.values()]
+    flying = {id(p): 2 * (p.end - p.start) for p in parts if p.data is None}
     return held + sum(flying.values())
 
 
@@ -513,6 +517,135 @@ def test_read_larger_than_budget_is_served_uncached(tmp_path: Path) -> None:
     assert stats["hits"] == 1
     assert stats["peak_bytes"] <= 600 * KiB
     assert_accounting(cache)
+
+
+# -- whole references -------------------------------------------------------------------
+
+
+def test_random_read_of_a_small_reference_fetches_exactly_it(tmp_path: Path) -> None:
+    """A 4 KiB chunk straddling a block boundary: one request of its 4 KiB, not two blocks;
+    the file's further READs, and a second key over the same bytes, fetch nothing."""
+    url, data = make_file(tmp_path / "a.bin", 4 * MiB)
+    fetcher = RecordingFetcher()
+    cache = BlockCache(fetcher, budget=64 * MiB)
+    ref = (256 * KiB - 1000, 256 * KiB + 3096)
+
+    async def body(cache: BlockCache) -> None:
+        first = await cache.read_buffer(url, ref[0], ref[0] + 2048, ref)
+        assert bytes(first) == data[ref[0] : ref[0] + 2048]
+        rest = await cache.read_buffer(url, ref[0] + 2048, ref[1], ref)
+        assert bytes(rest) == data[ref[0] + 2048 : ref[1]]
+        assert await cache.read_buffer(url, *ref, ref) == data[ref[0] : ref[1]]
+
+    with_cache(cache, body)
+    assert fetcher.calls == [(url, *ref)]
+    stats = cache.stats()
+    assert (stats["hits"], stats["misses"]) == (2, 1)
+    assert stats["bytes_cached"] == 4096
+    assert stats["whole_references"] == 1
+    assert_accounting(cache)
+
+
+def test_many_random_chunk_reads_hold_only_the_chunks(tmp_path: Path) -> None:
+    chunk, count = 4 * KiB, 300
+    url, data = make_file(tmp_path / "a.bin", 64 * MiB)
+    fetcher = RecordingFetcher()
+    cache = BlockCache(fetcher, budget=64 * MiB)
+    rng = random.Random(3)
+    starts = [rng.randrange(0, len(data) // chunk) * chunk for _ in range(count)]
+
+    async def body(cache: BlockCache) -> None:
+        for start in starts:
+            ref = (start, start + chunk)
+            assert await cache.read_buffer(url, *ref, ref) == data[start : start + chunk]
+
+    with_cache(cache, body)
+    stats = cache.stats()
+    assert fetcher.fetched_bytes() <= count * chunk
+    assert stats["bytes_cached"] == len(set(starts)) * chunk
+    assert stats["readahead_requests"] == 0
+    assert_accounting(cache)
+
+
+def test_concurrent_readers_of_one_reference_share_one_fetch(tmp_path: Path) -> None:
+    url, data = make_file(tmp_path / "a.bin", 2 * MiB)
+    fetcher = RecordingFetcher()
+    fetcher.gate = trio.Event()
+    cache = BlockCache(fetcher, budget=64 * MiB)
+    ref = (100_000, 400_000)
+    got: list[bytes] = []
+
+    async def reader(start: int, end: int) -> None:
+        got.append(bytes(await cache.read_buffer(url, start, end, ref)))
+
+    async def body(cache: BlockCache) -> None:
+        async with trio.open_nursery() as nursery:
+            for k in range(8):
+                nursery.start_soon(reader, ref[0] + k * 1000, ref[1] - k * 1000)
+            await trio.sleep(0.05)
+            assert cache.stats()["inflight_parts"] == 1
+            fetcher.gate.set()
+
+    with_cache(cache, body)
+    assert fetcher.calls == [(url, *ref)]
+    assert sorted(got, key=len) == sorted(
+        (data[ref[0] + k * 1000 : ref[1] - k * 1000] for k in range(8)), key=len
+    )
+    assert cache.stats()["joined"] == 7
+    assert_accounting(cache)
+
+
+def test_reference_past_the_end_of_the_remote_is_an_error_and_not_kept(tmp_path: Path) -> None:
+    url, _ = make_file(tmp_path / "a.bin", 100 * KiB)
+    fetcher = RecordingFetcher()
+    cache = BlockCache(fetcher, budget=64 * MiB)
+    ref = (90 * KiB, 110 * KiB)  # the refs claim 10 KiB more than the store has
+
+    async def body(cache: BlockCache) -> None:
+        for _ in range(2):
+            with pytest.raises(FetchError) as info:
+                await cache.read_buffer(url, ref[0], ref[0] + 100, ref)
+            assert info.value.errno == errno.EIO
+
+    with_cache(cache, body)
+    assert fetcher.calls == [(url, *ref)] * 2  # a failure is not cached: asked again
+    assert cache.stats()["whole_references"] == 0
+    assert_accounting(cache)
+
+
+def test_chunks_read_in_order_still_stream(tmp_path: Path) -> None:
+    """Only the first chunk of a sequential run is fetched whole; the rest continue its
+    stream and come from read-ahead."""
+    chunk, count = 40 * KiB + 7, 200
+    url, data = make_file(tmp_path / "a.bin", chunk * count)
+    fetcher = RecordingFetcher()
+    cache = small_cache(fetcher, extent=lambda u: chunk * count)
+
+    async def body(cache: BlockCache) -> None:
+        for k in range(count):
+            ref = (k * chunk, (k + 1) * chunk)
+            assert await cache.read_buffer(url, *ref, ref) == data[ref[0] : ref[1]]
+
+    with_cache(cache, body)
+    stats = cache.stats()
+    assert stats["whole_references"] == 1
+    assert stats["readahead_bytes"] >= chunk * count - 1 * MiB
+    assert fetcher.fetched_bytes() <= chunk * count + chunk
+
+
+def test_large_reference_reads_through_blocks(tmp_path: Path) -> None:
+    url, data = make_file(tmp_path / "a.bin", 20 * MiB)
+    fetcher = RecordingFetcher()
+    cache = BlockCache(fetcher, budget=64 * MiB)
+    ref = (1000, 1000 + 9 * MiB)  # more than one part: not fetched whole
+
+    async def body(cache: BlockCache) -> None:
+        got = await cache.read_buffer(url, ref[0], ref[0] + 128 * KiB, ref)
+        assert got == data[ref[0] : ref[0] + 128 * KiB]
+
+    with_cache(cache, body)
+    assert fetcher.calls == [(url, 0, 256 * KiB)]
+    assert cache.stats()["whole_references"] == 0
 
 
 # -- short files, failures, extent ------------------------------------------------------

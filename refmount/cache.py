@@ -47,13 +47,14 @@ Read-ahead
     Streams are tracked per URL, not per open file, so zarr chunks that lie back to back
     in one remote file and are read in order become one growing sequential stream.  A URL
     keeps a few streams (interleaved sequential readers each get one).  A read that
-    starts at most 16 MiB ahead of or 1 MiB behind a stream's position continues it;
-    anything else starts a new stream.  A stream earns read-ahead after two reads and
-    512 KiB of sequential progress (a chunk read in two 128 KiB READs does not); its
-    window starts at 1 MiB and doubles each time the reader gets through half of it, up
-    to 64 MiB, and is refilled in whole steps (half the window, at most one 8 MiB part),
-    fetched in parallel in the background nursery.  A random read fetches only the
-    blocks it needs.  Read-ahead never goes past ``extent(url)`` nor past an end of file
+    starts at most one block ahead of or 1 MiB behind a stream's position continues it
+    (16 MiB ahead once the stream has read-ahead); anything else starts a new stream.
+    A stream earns read-ahead after two reads and 512 KiB of sequential progress (a
+    chunk read in two 128 KiB READs does not); its window starts at 1 MiB and doubles
+    each time the reader gets through half of it, up to 64 MiB, and is refilled in whole
+    steps (half the window, at most one 8 MiB part), fetched in parallel in the
+    background nursery.  A random read fetches only the blocks it needs (or its whole
+    small reference).  Read-ahead never goes past ``extent(url)`` nor past an end of file
     already seen.
 
 Short files
@@ -477,7 +478,11 @@ class BlockCache:
         best: _Stream | None = None
         best_distance = 0
         for s in streams:
-            if s.pos - SEQ_BACK <= start <= s.pos + SEQ_FORWARD:
+            # Until it earns read-ahead, a stream continues only with (nearly) adjacent
+            # reads: many random readers of one large file would otherwise keep landing
+            # within reach of each other's streams and start read-ahead nobody uses.
+            reach = SEQ_FORWARD if s.window else self.block_size
+            if s.pos - SEQ_BACK <= start <= s.pos + reach:
                 distance = abs(start - s.pos)
                 if best is None or distance < best_distance:
                     best, best_distance = s, distance

@@ -18,7 +18,7 @@ import contextlib
 import errno
 import logging
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -103,6 +103,7 @@ class Fetcher:
 
     def __post_init__(self) -> None:
         self._filesystems: dict[str, Any] = {}
+        self._making: dict[str, trio.Event] = {}  # filesystems being made, by protocol
         self._hosts: dict[str, trio.CapacityLimiter] = {}
         self._all = trio.CapacityLimiter(self.policy.max_requests)
         self._sizes: dict[str, int] = {}
@@ -161,14 +162,42 @@ class Fetcher:
         self._sizes[url] = size
         return size
 
+    async def prepare(self, protocols: Iterable[str]) -> None:
+        """Make the filesystems of these protocols, and their sessions, ahead of the
+        first read: importing aiohttp or s3fs and opening a session takes from a few
+        tenths of a second to seconds, which the first read would otherwise wait for.
+        Failures are left for that read to report."""
+        for protocol in protocols:
+            try:
+                fs = await self._filesystem(protocol)
+                if fs.async_impl and hasattr(fs, "set_session"):
+                    with trio.fail_after(self.policy.timeout):
+                        await self._on_fsspec_loop(fs.set_session())
+            except Exception as exc:  # the first read reports it
+                log.debug("could not prepare %s ahead of reads: %s", protocol, exc)
+
     # -- machinery ------------------------------------------------------------------------
 
-    def _target(self, url: str) -> tuple[Any, str, trio.CapacityLimiter]:
+    async def _filesystem(self, protocol: str) -> Any:
+        """The protocol's filesystem, made once, in a worker thread: the imports behind
+        it must not stall the requests this loop is serving meanwhile."""
+        while (fs := self._filesystems.get(protocol)) is None:
+            making = self._making.get(protocol)
+            if making is not None:
+                await making.wait()
+                continue
+            making = self._making[protocol] = trio.Event()
+            try:
+                fs = await trio.to_thread.run_sync(self._make_filesystem, protocol)
+                self._filesystems[protocol] = fs
+            finally:
+                del self._making[protocol]
+                making.set()
+        return fs
+
+    async def _target(self, url: str) -> tuple[Any, str, trio.CapacityLimiter]:
         protocol = protocol_of(url)
-        fs = self._filesystems.get(protocol)
-        if fs is None:
-            fs = self._make_filesystem(protocol)
-            self._filesystems[protocol] = fs
+        fs = self._filesystems.get(protocol) or await self._filesystem(protocol)
         host = f"{protocol}://{urlsplit(url).netloc}"
         limiter = self._hosts.get(host)
         if limiter is None:
@@ -191,7 +220,7 @@ class Fetcher:
             raise FetchError(f"no filesystem for protocol {protocol!r}: {exc}") from exc
 
     async def _with_retries(self, url: str, attempt: Callable[[Any, str], Awaitable[Any]]) -> Any:
-        fs, path, host_limiter = self._target(url)
+        fs, path, host_limiter = await self._target(url)
         policy = self.policy
         for n in range(policy.retries + 1):
             if n:

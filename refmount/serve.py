@@ -119,6 +119,7 @@ class Daemon:
         log.info("mounted %s on %s", self.config.refs, mountpoint)
         notify(f"READY=1\nSTATUS=serving {self.config.refs}")
         ready()
+        await self.cache.fetcher.prepare(sorted(self.operations.tree.refset.protocols()))
 
     async def _stop_on_signals(self, scope: trio.CancelScope) -> None:
         """Unmount on SIGINT or SIGTERM: requests in flight get a short grace, then are

@@ -96,5 +96,10 @@ class RefSet(ABC):
         the end of the remote file)."""
         return None
 
+    def protocols(self) -> set[str]:
+        """The protocols of the URLs the set points at, as far as it knows them without
+        loading anything more: the daemon makes their filesystems before the first read."""
+        return set()
+
     def close(self) -> None:  # noqa: B027 - optional hook, most sets hold nothing to release
         """Release what the set holds open."""

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from fsspec.core import split_protocol
 
 from refmount.refs.jsonrefs import WHOLE_FILE
 from refmount.refs.model import Child, Ref, RefSet
@@ -123,6 +124,9 @@ class TableRefSet(RefSet):
 
     def url_extent(self, url: str) -> int | None:
         return self._extents.get(url)
+
+    def protocols(self) -> set[str]:
+        return {split_protocol(url)[0] or "file" for url in self.urls}
 
 
 def _sorted_last_wins(table: pa.Table) -> pa.Table:

@@ -1,0 +1,118 @@
+"""Fetcher: filesystems are made off the serving loop, and can be made before any read."""
+
+from __future__ import annotations
+
+import errno
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+import trio
+from fsspec.implementations.local import LocalFileSystem
+
+from refmount.errors import FetchError
+from refmount.fetch import Fetcher
+from refmount.refs import open_refset
+
+MAKE_SECONDS = 0.5
+
+
+class SlowToMakeFileSystem(LocalFileSystem):
+    """Local files behind a filesystem whose construction blocks, like one whose first
+    use imports a large client library (aiohttp, botocore)."""
+
+    protocol = "slowmake"
+    made = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        time.sleep(MAKE_SECONDS)  # blocking on purpose: an import holds its thread
+        type(self).made += 1
+        super().__init__(*args, **kwargs)
+
+    @classmethod
+    def _strip_protocol(cls, path: str) -> str:
+        return super()._strip_protocol(path.removeprefix("slowmake://"))
+
+
+@pytest.fixture
+def slow_protocol() -> type[SlowToMakeFileSystem]:
+    fsspec.register_implementation("slowmake", SlowToMakeFileSystem, clobber=True)
+    SlowToMakeFileSystem.made = 0
+    SlowToMakeFileSystem.clear_instance_cache()
+    return SlowToMakeFileSystem
+
+
+def test_making_a_filesystem_does_not_stall_other_reads(
+    tmp_path: Path, slow_protocol: type[SlowToMakeFileSystem]
+) -> None:
+    data = bytes(range(256)) * 64
+    (tmp_path / "a.bin").write_bytes(data)
+    fetcher = Fetcher()
+    done: dict[str, float] = {}
+
+    async def fetch(name: str, url: str) -> None:
+        assert await fetcher.fetch(url, 100, 200) == data[100:200]
+        done[name] = trio.current_time()
+
+    async def main() -> float:
+        await fetcher.fetch(str(tmp_path / "a.bin"), 0, 1)  # the local filesystem exists
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for k in range(3):  # three readers wait for one filesystem
+                nursery.start_soon(fetch, f"slow{k}", f"slowmake://{tmp_path}/a.bin")
+            await trio.sleep(0.05)
+            nursery.start_soon(fetch, "local", str(tmp_path / "a.bin"))
+        return start
+
+    start = trio.run(main)
+    assert done["local"] - start < MAKE_SECONDS / 2
+    assert min(done[f"slow{k}"] for k in range(3)) - start >= MAKE_SECONDS * 0.9
+    assert slow_protocol.made == 1
+
+
+def test_prepare_makes_filesystems_before_the_first_read(
+    tmp_path: Path, slow_protocol: type[SlowToMakeFileSystem]
+) -> None:
+    (tmp_path / "a.bin").write_bytes(b"x" * 1000)
+    fetcher = Fetcher()
+
+    async def main() -> float:
+        await fetcher.prepare(["slowmake"])
+        start = trio.current_time()
+        assert await fetcher.fetch(f"slowmake://{tmp_path}/a.bin", 10, 20) == b"x" * 10
+        return trio.current_time() - start
+
+    assert trio.run(main) < MAKE_SECONDS / 2
+    assert slow_protocol.made == 1
+
+
+def test_prepare_leaves_an_unknown_protocol_to_the_read_that_needs_it() -> None:
+    fetcher = Fetcher()
+
+    async def main() -> None:
+        await fetcher.prepare(["nosuchprotocol"])  # no exception here
+        with pytest.raises(FetchError) as info:
+            await fetcher.fetch("nosuchprotocol://bucket/key", 0, 10)
+        assert "no filesystem for protocol 'nosuchprotocol'" in str(info.value)
+        assert info.value.errno == errno.EIO
+
+    trio.run(main)
+
+
+def test_a_json_set_names_the_protocols_it_points_at(tmp_path: Path) -> None:
+    refs = {
+        "version": 1,
+        "refs": {
+            "inline": "text",
+            "a/0": ["s3://bucket/f.nc", 0, 10],
+            "a/1": ["https://example.org/f.nc", 0, 10],
+            "a/2": ["data.bin", 0, 10],  # relative: a local file next to the refs
+            "b/0": ["s3://bucket/g.nc"],
+        },
+    }
+    path = tmp_path / "refs.json"
+    path.write_text(json.dumps(refs))
+    assert open_refset(str(path)).protocols() == {"s3", "https", "file"}

@@ -102,8 +102,7 @@ class Tree:
         if parent_path is None or not name or name in (".", "..") or "/" in name:
             return None
         path = f"{parent_path}/{name}" if parent_path else name
-        await self.refset.ensure(path)
-        file_id = self.refset.file_id(path)
+        file_id = await self.refset.find_file(path)
         if file_id is not None:
             return FILE_BASE + file_id
         if self.refset.is_dir(path):
@@ -123,19 +122,17 @@ class Tree:
     def _entries(self, path: str, after: int) -> Iterator[Entry]:
         prefix = f"{path}/" if path else ""
         file_size = self.refset.file_size
-        for child in self.refset.children(path, after):
-            if child.file_id is None:
-                yield Entry(child.name, self._dir_inode(prefix + child.name), None, child.cursor)
+        new_entry = tuple.__new__  # Entry(...) without its Python-level __new__: per entry
+        for name, file_id, cursor in self.refset.children(path, after):
+            if file_id is None:
+                yield Entry(name, self._dir_inode(prefix + name), None, cursor)
             else:
-                file_id = child.file_id
-                yield Entry(child.name, FILE_BASE + file_id, file_size(file_id), child.cursor)
+                yield new_entry(Entry, (name, FILE_BASE + file_id, file_size(file_id), cursor))
 
     # -- attributes -----------------------------------------------------------------------
 
     async def ref(self, inode: int) -> Ref:
-        file_id = inode - FILE_BASE
-        await self.refset.ensure(self.refset.key(file_id))
-        return self.refset.ref(file_id)
+        return await self.refset.file_ref(inode - FILE_BASE)
 
     async def size(self, ref: Ref) -> int:
         if ref.data is not None:
@@ -152,15 +149,13 @@ class Tree:
 
     async def node(self, inode: int) -> Node:
         if self.is_dir(inode):
-            return Node(inode, self._dir_mode, await self._dir_nlink(inode), 0)
+            return Node(inode, self._dir_mode, self._dir_nlink(inode), 0)
         ref = await self.ref(inode)
         return Node(inode, self.file_mode, 1, await self.size(ref))
 
-    async def _dir_nlink(self, inode: int) -> int:
+    def _dir_nlink(self, inode: int) -> int:
         nlink = self._nlinks.get(inode)
         if nlink is None:
-            path = self._dir_paths[inode]
-            await self.refset.ensure(path)
-            nlink = 2 + self.refset.subdirectory_count(path)
+            nlink = 2 + self.refset.subdirectory_count(self._dir_paths[inode])
             self._nlinks[inode] = nlink
         return nlink

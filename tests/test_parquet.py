@@ -31,6 +31,7 @@ from refmount.refs.model import Child, Ref
 from refmount.refs.parquet import ParquetRefSet
 from refmount.refs.source import is_parquet_refs
 from refmount.refs.values import inline_bytes
+from refmount.tree import ROOT_INODE, Owner, Tree
 
 
 class CountingFS(LocalFileSystem):
@@ -724,10 +725,104 @@ def test_record_memory_is_compact(tmp_path: Path) -> None:
     rs = open_set(tmp_path)
     assert rs.file_id("a/99999") is not None
     assert rs.cached_records == 1
-    assert rs.cache_bytes < 16 * n  # narrowed codes, offsets, sizes; int32 served rows
+    # int8 codes and int32 offsets per row; one size and "every row served" held once
+    assert 5 * n <= rs.cache_bytes < 5 * n + 4096
     assert rs.ref(rs.file_id("a/31")) == Ref(
         url="memory://s3://bucket/a/long/prefix/to/the/data/file_01.nc", offset=31, length=100
     )
+
+
+def test_constant_columns_are_held_once(tmp_path: Path) -> None:
+    """One data file and one chunk size for every row: only the offsets are per row, and
+    every row still reads back exactly."""
+    n = 100_000
+    write_set(tmp_path, {"a/.zarray": {"shape": [n], "chunks": [1]}}, record_size=n)
+    write_record(
+        tmp_path / "a" / "refs.0.parq", ["one.nc"] * n, range(0, 4096 * n, 4096), [4096] * n
+    )
+    rs = open_set(tmp_path)
+    for i in (0, 1, 12_345, n - 1):
+        assert rs.ref(rs.file_id(f"a/{i}")) == Ref(
+            url="memory://one.nc", offset=4096 * i, length=4096
+        )
+    assert 4 * n <= rs.cache_bytes < 4 * n + 4096  # int32 offsets, nothing else per row
+    assert rs.file_id(f"a/{n}") is None
+
+
+def test_sparse_and_short_records(tmp_path: Path) -> None:
+    """A record whose rows are not all served keeps one byte per row to tell which are; a
+    record file with fewer rows than the record size serves only the rows it has."""
+    n, size = 30_000, 10_000
+    write_set(tmp_path, {"a/.zarray": {"shape": [n], "chunks": [1]}}, record_size=size)
+    for r in range(3):
+        rows = range(r * size, (r + 1) * size if r < 2 else r * size + 10)
+        paths = ["f" if r != 1 or i % 3 == 0 else None for i in rows]
+        write_record(tmp_path / "a" / f"refs.{r}.parq", paths, list(rows), [7] * len(rows))
+    rs = open_set(tmp_path)
+    served = [i for i in range(2 * size + 10) if not size <= i < 2 * size or i % 3 == 0]
+    assert [c.name for c in rs.children("a")][1:] == [str(i) for i in served]
+    assert rs.cached_records == 3
+    # record 0: int16 offsets; record 1: int16 offsets and a byte per row; record 2: 10 rows
+    assert 2 * size + 3 * size < rs.cache_bytes < 2 * size + 3 * size + 4 * 4096
+    for i in (0, size - 1, size, size + 1, size + 3, 2 * size - 1, 2 * size + 9, 2 * size + 10):
+        expected = Ref(url="memory://f", offset=i, length=7) if i in served else None
+        fid = rs.file_id(f"a/{i}")
+        assert (None if fid is None else rs.ref(fid)) == expected, i
+    with pytest.raises(KeyError):
+        rs.ref(rs.file_id("a/0") + size + 1)
+
+
+def test_find_file_and_file_ref_load_in_a_thread(kc) -> None:
+    """The async lookups give what ensure() + file_id()/ref() give, loading each record
+    once; a file id without a chunk is a KeyError."""
+    rs, refs, fs, _ = kc
+    expected = ParquetRefSet.open(LocalFileSystem(), rs.root, resolve=rs._resolve, mtime=0)
+    keys = [*refs, "x/0.3", "x/2.2", "x/4.0", "n/1/0/0", "nope", "x/.zarray"]
+
+    async def main() -> None:
+        for key in keys:
+            fid = await rs.find_file(key)
+            assert fid == expected.file_id(key), key
+            if fid is not None:
+                assert await rs.file_ref(fid) == expected.ref(fid), key
+        with pytest.raises(KeyError):
+            await rs.file_ref(expected.file_id("x/0.0") + 3)  # chunk 3 is missing
+
+    trio.run(main)
+    # x: records 0 to 3 (2 has no file: tried once, as nothing listed the directory);
+    # g/sub/y, n, s: one each
+    assert rs.record_reads == 7 and fs.listed == []
+
+
+def test_a_directory_stat_reads_no_record(kc, tmp_path: Path) -> None:
+    """Listing the root and stating every directory (what `ls -l` of the mount does)
+    loads no record file; a chunk's stat loads its record, once."""
+    rs, _, fs, _ = kc
+
+    async def remote_size(url: str) -> int:
+        return 19
+
+    tree = Tree(rs, Owner(0, 0), remote_size)
+
+    async def main() -> None:
+        for entry in await tree.listing(ROOT_INODE):
+            node = await tree.node(entry.inode)
+            assert node.size == (entry.size or 0)
+        n = await tree.lookup(ROOT_INODE, "n")
+        assert n is not None and (await tree.node(n)).nlink == 4
+        n0 = await tree.lookup(n, "0")
+        assert n0 is not None and (await tree.node(n0)).nlink == 4
+        x = await tree.lookup(ROOT_INODE, "x")
+        assert x is not None and (await tree.node(x)).nlink == 2
+        assert rs.record_reads == 0
+        chunk = await tree.lookup(x, "1.3")  # chunk 7: data.bin, 70, 10
+        assert chunk is not None and (await tree.node(chunk)).size == 10
+        assert await tree.ref(chunk) == Ref(url=str(tmp_path / "data.bin"), offset=70, length=10)
+        assert await tree.lookup(x, "1.3") == chunk
+        assert await tree.lookup(x, "1.2") is None  # chunk 6: no row
+
+    trio.run(main)
+    assert rs.record_reads == 1 and fs.opened[1:] == [f"{rs.root}/x/refs.1.parq"]
 
 
 def test_ensure_loads_in_a_thread_once(kc) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import kerchunk.df
 
-from tests.data_builders import kerchunk_refs, write_netcdf
+from tests.data_builders import kerchunk_refs, ref_map, write_netcdf
 
 
 def tree_of(root: Path) -> dict[str, tuple[str, int]]:
@@ -57,3 +57,31 @@ def test_json_and_parquet_mounts_are_identical(tmp_path: Path, mount) -> None:
         else:
             assert parquet_tree[path] == (kind, size), path
             assert (from_parquet / path).read_bytes() == data, path
+
+
+def test_records_load_on_demand_and_never_pandas(tmp_path: Path, mount) -> None:
+    """Until a chunk is looked up the daemon has mapped neither numpy nor pyarrow (so it
+    answers sooner), and it never loads pandas, which pyarrow would import for nothing."""
+    nc = write_netcdf(tmp_path / "data.nc")
+    refs = kerchunk_refs(nc, f"file://{nc}")
+    parquet_dir = tmp_path / "refs.parq"
+    kerchunk.df.refs_to_dataframe(refs, str(parquet_dir), record_size=7)
+    mounted = mount(parquet_dir)
+    root = mounted.mountpoint
+    maps = Path(f"/proc/{mounted.process.pid}/maps")
+
+    for name in os.listdir(root):  # a listing and a stat of every entry, arrays included
+        os.stat(root / name)
+    loaded = maps.read_text()
+    assert "pyarrow" not in loaded and "numpy" not in loaded
+
+    key, (_, offset, length) = next(
+        (k, v) for k, v in ref_map(refs).items() if isinstance(v, list) and len(v) == 3
+    )
+    with open(nc, "rb") as f:
+        f.seek(offset)
+        expected = f.read(length)
+    assert os.stat(root / key).st_size == length
+    assert (root / key).read_bytes() == expected
+    loaded = maps.read_text()
+    assert "libarrow" in loaded and "/pandas/" not in loaded

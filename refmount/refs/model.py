@@ -12,6 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +34,9 @@ class Ref:
         return self.data is not None
 
 
-@dataclass(frozen=True, slots=True)
-class Child:
-    """One directory entry: ``file_id`` is ``None`` for a subdirectory.
+class Child(NamedTuple):
+    """One directory entry: ``file_id`` is ``None`` for a subdirectory.  A tuple: a
+    listing makes one per entry, millions for a large array.
 
     ``cursor`` is an opaque, strictly increasing position: passing it back to
     :meth:`RefSet.children` resumes the listing just after this entry.
@@ -75,7 +76,10 @@ class RefSet(ABC):
         ``after`` (``-1``: from the beginning)."""
 
     def subdirectory_count(self, path: str) -> int:
-        """How many subdirectories directory ``path`` has (its ``nlink`` is this plus 2)."""
+        """How many subdirectories directory ``path`` has (its ``nlink`` is this plus 2).
+
+        Answered without :meth:`ensure` (a ``stat`` of a directory loads nothing): a set
+        that loads lazily overrides this with a count that needs no loading."""
         return sum(1 for child in self.children(path) if child.file_id is None)
 
     def file_size(self, file_id: int) -> int | None:
@@ -88,6 +92,16 @@ class RefSet(ABC):
         """Load, without blocking the event loop, what the synchronous methods need for
         ``path`` (a key, or a directory listed from cursor ``after``).  Sets held fully in
         memory need nothing."""
+
+    async def find_file(self, key: str) -> int | None:
+        """:meth:`file_id`, after loading what it needs (see :meth:`ensure`)."""
+        await self.ensure(key)
+        return self.file_id(key)
+
+    async def file_ref(self, file_id: int) -> Ref:
+        """:meth:`ref`, after loading what it needs (see :meth:`ensure`)."""
+        await self.ensure(self.key(file_id))
+        return self.ref(file_id)
 
     def url_extent(self, url: str) -> int | None:
         """The end of the furthest byte any key references in ``url``, when known.

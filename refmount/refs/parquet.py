@@ -6,8 +6,9 @@ Layout (see the spec's "Parquet references")::
     ROOT/<array path>/refs.<R>.parq rows path/offset/size/raw, N per file
 
 Opening reads only ``.zmetadata``; a record file is read when a key in it is looked up or
-its directory is listed, and decoded records live in a byte-bounded LRU as a few numpy /
-pyarrow arrays (never a Python object per row).
+its directory is listed, and decoded records live in a byte-bounded LRU as a few compact
+numpy / pyarrow arrays, never a Python object per row (``parquet_records``, imported with
+numpy and pyarrow on the first record read, so that a mount answers before either loads).
 
 Tree rules (what refmount shows, where fsspec is silent or wrong):
 
@@ -48,32 +49,30 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import trio
 
 from refmount.errors import FetchError, RefsError
 from refmount.refs.model import Child, Ref, RefSet
 from refmount.refs.values import inline_bytes
 
-if TYPE_CHECKING:  # pyarrow is imported on the first record read: a mount is ready sooner
-    import pyarrow as pa
+if TYPE_CHECKING:  # numpy and pyarrow are imported on the first record read
+    import numpy as np
+
+    from refmount.refs.parquet_records import Record
 
 log = logging.getLogger(__name__)
 
 ZMETADATA = ".zmetadata"
 #: file ids must fit comfortably in inode numbers
 MAX_FILE_IDS = 1 << 48
-_INT64_MAX = (1 << 63) - 1
 #: rows of a record are numbered with int32
 _MAX_RECORD_SIZE = (1 << 31) - 1
 _INDEX_RE = re.compile(r"0|[1-9][0-9]{0,19}")
 _RECORD_NAME_RE = re.compile(r"refs\.(0|[1-9][0-9]{0,19})\.parq")
 #: what a remembered "this record file does not exist" costs in the LRU
 _MISSING_COST = 64
-_RECORD_OVERHEAD = 512
 _RESOLVE_CACHE_MAX = 4096
 _WARN_ONCE_MAX = 10_000
-_COLUMNS = ("path", "offset", "size", "raw")
 _FIRST_BATCH = 64
 _MAX_BATCH = 8192
 
@@ -128,67 +127,10 @@ class _Array:
 
     def chunk_names(self, indices: np.ndarray) -> list[str]:
         """:meth:`chunk_name` of many indices (int64: file ids stay below 2**48)."""
+        import numpy as np  # loaded with the record the indices come from
+
         columns = [list(map(str, c.tolist())) for c in np.unravel_index(indices, self.grid)]
         return list(map(("/" if self.nested else ".").join, zip(*columns, strict=True)))
-
-
-class _Record:
-    """The decoded rows of one record file.
-
-    ``rows`` holds the sorted row numbers that are served (raw data or a valid
-    reference); the other arrays are per row, with paths as codes into the resolved URLs
-    of the file's path dictionary.
-    """
-
-    __slots__ = ("codes", "nbytes", "offsets", "raw", "rows", "sizes", "urls")
-
-    def __init__(
-        self,
-        rows: np.ndarray,
-        raw: pa.Array | None,
-        codes: np.ndarray,
-        urls: pa.Array,
-        offsets: np.ndarray,
-        sizes: np.ndarray,
-    ) -> None:
-        self.rows = rows
-        self.raw = raw
-        self.codes = codes
-        self.urls = urls
-        self.offsets = offsets
-        self.sizes = sizes
-        self.nbytes = (
-            _RECORD_OVERHEAD
-            + rows.nbytes
-            + codes.nbytes
-            + offsets.nbytes
-            + sizes.nbytes
-            + (0 if raw is None else raw.get_total_buffer_size())
-            + urls.get_total_buffer_size()
-        )
-
-    # searchsorted gets values of the array's own dtype: a Python int would make numpy
-    # convert the whole array to int64 first (30 us for 100k rows instead of 1 us).
-
-    def has(self, row: int) -> bool:
-        pos = int(np.searchsorted(self.rows, np.int32(row)))
-        return pos < len(self.rows) and int(self.rows[pos]) == row
-
-    def rows_in(self, lo: int, hi: int) -> np.ndarray:
-        """The served rows in ``[lo, hi)``, found by bisection."""
-        a, b = np.searchsorted(self.rows, np.array((lo, hi), dtype=np.int32))
-        return self.rows[a:b]
-
-    def ref(self, row: int) -> Ref:
-        if self.raw is not None:
-            data = self.raw[row]
-            if data.is_valid:
-                return Ref(data=data.as_py())
-        url = self.urls[int(self.codes[row])].as_py()
-        offset, size = int(self.offsets[row]), int(self.sizes[row])
-        if offset == 0 and size == 0:
-            return Ref(url=url, length=None)
-        return Ref(url=url, offset=offset, length=size)
 
 
 _NOT_CACHED = object()
@@ -204,11 +146,11 @@ class _RecordCache:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.bytes = 0
-        self._items: OrderedDict[tuple[int, int], _Record | None] = OrderedDict()
+        self._items: OrderedDict[tuple[int, int], Record | None] = OrderedDict()
         self._lock = threading.Lock()
 
     @staticmethod
-    def _cost(record: _Record | None) -> int:
+    def _cost(record: Record | None) -> int:
         return _MISSING_COST if record is None else record.nbytes
 
     def get(self, key: tuple[int, int]) -> Any:
@@ -223,7 +165,7 @@ class _RecordCache:
         with self._lock:
             return key in self._items
 
-    def put(self, key: tuple[int, int], record: _Record | None) -> None:
+    def put(self, key: tuple[int, int], record: Record | None) -> None:
         cost = self._cost(record)
         with self._lock:
             old = self._items.pop(key, _NOT_CACHED)
@@ -244,18 +186,6 @@ class _RecordCache:
         with self._lock:
             self._items.clear()
             self.bytes = 0
-
-
-def _narrow(values: np.ndarray) -> np.ndarray:
-    """The same integers in the smallest of int8/16/32/64 that holds them all."""
-    if not len(values):
-        return values
-    low, high = int(values.min()), int(values.max())
-    for dtype in (np.int8, np.int16, np.int32):
-        info = np.iinfo(dtype)
-        if info.min <= low and high <= info.max:
-            return values.astype(dtype)
-    return values
 
 
 # --- opening: .zmetadata ------------------------------------------------------------
@@ -450,7 +380,7 @@ class ParquetRefSet(RefSet):
         self._warned: set[str] = set()
         self._cache = _RecordCache(record_cache_bytes)
         #: array index -> record numbers whose files exist (None: the listing failed)
-        self._listed: dict[int, np.ndarray | None] = {}
+        self._listed: dict[int, list[int] | None] = {}
         self._inflight: dict[object, _Load] = {}
         #: record files opened so far (tests and statistics)
         self.record_reads = 0
@@ -679,46 +609,45 @@ class ParquetRefSet(RefSet):
     def _present(self, arr: _Array, start: int, stop: int) -> Iterator[np.ndarray]:
         """Indices (int64) in ``[start, stop)`` of the chunks that exist, in batches.
 
-        Batches start small and grow: a listing resumed for a few entries (one FUSE
-        readdir call) pays for a few names, a long listing for few batches."""
+        Batches cover windows of chunk indices that start small and grow: a listing
+        resumed for a few entries (one FUSE readdir call) pays for a few names, a long
+        listing for few batches."""
         size = self.record_size
-        record_no = start // size
-        batch = _FIRST_BATCH
+        window = _FIRST_BATCH
         while start < stop:
-            record_no = self._next_record(arr, record_no, (stop - 1) // size)
+            record_no = self._next_record(arr, start // size, (stop - 1) // size)
             if record_no is None:
                 return
             first = record_no * size
+            start, end = max(start, first), min(stop, first + size)
             record = self._record(arr, record_no)
-            if record is not None:
-                rows = record.rows_in(max(start, first) - first, min(stop, first + size) - first)
-                pos = 0
-                while pos < len(rows):
-                    yield rows[pos : pos + batch].astype(np.int64) + first
-                    pos += batch
-                    batch = min(batch * 2, _MAX_BATCH)
-            record_no += 1
-            start = record_no * size
+            while record is not None and start < end:
+                rows = record.rows_in(start - first, min(start + window, end) - first)
+                start = min(start + window, end)
+                window = min(window * 2, _MAX_BATCH)
+                if len(rows):
+                    yield rows + first
+            start = end
 
     def _next_record(self, arr: _Array, record_no: int, last: int) -> int | None:
         """The first record number from ``record_no`` up to ``last`` whose file exists
         (as far as a directory listing of the record files tells)."""
         listed = self._listed_records(arr)
         if listed is not None:
-            pos = int(np.searchsorted(listed, record_no))
+            pos = bisect.bisect_left(listed, record_no)
             if pos == len(listed):
                 return None
-            record_no = int(listed[pos])
+            record_no = listed[pos]
         return record_no if record_no <= last else None
 
-    def _listed_records(self, arr: _Array) -> np.ndarray | None:
+    def _listed_records(self, arr: _Array) -> list[int] | None:
         """Record numbers whose files exist, from one listing of the array's directory;
         None when the directory cannot be listed (every record is then tried)."""
         if arr.index not in self._listed:
             self._listed[arr.index] = self._list_records(arr)
         return self._listed[arr.index]
 
-    def _list_records(self, arr: _Array) -> np.ndarray | None:
+    def _list_records(self, arr: _Array) -> list[int] | None:
         try:
             names = self._fs.ls(arr.record_dir, detail=False)
         except FileNotFoundError:
@@ -734,11 +663,11 @@ class ParquetRefSet(RefSet):
             match = _RECORD_NAME_RE.fullmatch(str(name).rstrip("/").rpartition("/")[2])
             if match and int(match[1]) < nrecords:
                 numbers.append(int(match[1]))
-        return np.array(sorted(numbers), dtype=np.int64)
+        return sorted(numbers)
 
     # --- records ----------------------------------------------------------------------
 
-    def _record(self, arr: _Array, record_no: int) -> _Record | None:
+    def _record(self, arr: _Array, record_no: int) -> Record | None:
         """A decoded record (loading it on a miss), or None when it has no file."""
         key = (arr.index, record_no)
         hit = self._cache.get(key)
@@ -755,10 +684,10 @@ class ParquetRefSet(RefSet):
         listed = self._listed.get(arr.index)
         if listed is None:
             return False
-        pos = int(np.searchsorted(listed, record_no))
-        return pos == len(listed) or int(listed[pos]) != record_no
+        pos = bisect.bisect_left(listed, record_no)
+        return pos == len(listed) or listed[pos] != record_no
 
-    def _read_record(self, arr: _Array, record_no: int) -> _Record | None:
+    def _read_record(self, arr: _Array, record_no: int) -> Record | None:
         path = f"{arr.record_dir}/refs.{record_no}.parq"
         self.record_reads += 1
         try:
@@ -768,98 +697,15 @@ class ParquetRefSet(RefSet):
             return None
         except OSError as exc:
             raise FetchError(f"reading {path}: {exc}") from exc
-        import pyarrow as pa
+        from refmount.refs.parquet_records import DECODE_ERRORS, decode
 
         try:
-            return self._decode(data, path)
-        except (pa.ArrowException, ValueError, TypeError, OSError, KeyError, IndexError) as exc:
+            return decode(data, path, self._resolve_one, self._warn_once)
+        except DECODE_ERRORS as exc:
             self._warn_once(
                 path, "unreadable record file %s (%s): its chunks are treated as missing", path, exc
             )
             return None
-
-    def _decode(self, data: bytes, path: str) -> _Record:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        buffer = pa.BufferReader(data)
-        metadata = pq.read_metadata(buffer)
-        names = set(metadata.schema.to_arrow_schema().names)
-        parquet_file = pq.ParquetFile(
-            buffer, metadata=metadata, read_dictionary=["path"] if "path" in names else None
-        )
-        table = parquet_file.read(
-            columns=[c for c in _COLUMNS if c in names], use_pandas_metadata=False
-        )
-        n = table.num_rows
-        raw = self._raw_column(table, n)
-        codes, urls = self._path_column(table, n, path)
-        offsets = self._int_column(table, "offset", n)
-        sizes = self._int_column(table, "size", n)
-
-        has_raw = raw.is_valid().to_numpy(zero_copy_only=False)
-        url_ok = np.array([u is not None for u in urls.to_pylist()], dtype=bool)
-        has_url = (codes >= 0) & (url_ok[np.maximum(codes, 0)] if len(url_ok) else False)
-        negative = (offsets < 0) | (sizes < 0)
-        overflow = ~negative & (offsets > _INT64_MAX - np.maximum(sizes, 0))
-        bad_range = has_url & (negative | overflow)
-        served = has_raw | (has_url & ~bad_range)
-        errors = int(np.count_nonzero(~has_raw & ((codes >= 0) & ~has_url | bad_range)))
-        if errors:
-            self._warn_once(
-                f"rows:{path}",
-                "%s: %d rows with a negative or overflowing offset/size or an unusable path "
-                "are not served",
-                path,
-                errors,
-            )
-        rows = np.flatnonzero(served).astype(np.int32)
-        return _Record(
-            rows,
-            raw if raw.null_count < len(raw) else None,
-            _narrow(codes),
-            urls,
-            _narrow(offsets),
-            _narrow(sizes),
-        )
-
-    @staticmethod
-    def _raw_column(table: pa.Table, n: int) -> pa.Array:
-        import pyarrow as pa
-
-        if "raw" not in table.column_names:
-            return pa.nulls(n, pa.binary())
-        column = table.column("raw")
-        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            column = column.cast(pa.large_binary())
-        if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
-            raise TypeError(f"column 'raw' has type {column.type}")
-        return column.combine_chunks()
-
-    @staticmethod
-    def _int_column(table: pa.Table, name: str, n: int) -> np.ndarray:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        if name not in table.column_names:
-            return np.zeros(n, dtype=np.int64)
-        column = pc.fill_null(table.column(name).cast(pa.int64()), 0)
-        return column.to_numpy().astype(np.int64, copy=False)
-
-    def _path_column(self, table: pa.Table, n: int, path: str) -> tuple[np.ndarray, pa.Array]:
-        """Per-row codes (-1: null) into the resolved URLs of the distinct paths."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        if "path" not in table.column_names:
-            return np.full(n, -1, dtype=np.int32), pa.array([], pa.string())
-        column = table.column("path")
-        if not pa.types.is_dictionary(column.type):
-            column = pc.dictionary_encode(column)
-        combined = column.unify_dictionaries().combine_chunks()
-        codes = pc.fill_null(combined.indices, -1).to_numpy().astype(np.int32, copy=False)
-        values = combined.dictionary.cast(pa.string()).to_pylist()
-        return codes, pa.array([self._resolve_one(v, path) for v in values], pa.string())
 
     def _resolve_one(self, target: str | None, record_path: str) -> str | None:
         """A row path as a full URL, or None (logged once) when it cannot be used."""
@@ -911,6 +757,38 @@ class ParquetRefSet(RefSet):
         )
         if record_no is not None:
             await self._ensure_record(arr, record_no)
+
+    async def find_file(self, key: str) -> int | None:
+        """:meth:`file_id`, loading the record it needs first (the key is parsed once)."""
+        fid = self._meta_ids.get(key)
+        if fid is not None:
+            return fid
+        found = self._parse_chunk(key)
+        if found is None:
+            return None
+        arr, index = found
+        record_no, row = divmod(index, self.record_size)
+        record = await self._loaded_record(arr, record_no)
+        return arr.base + index if record is not None and record.has(row) else None
+
+    async def file_ref(self, file_id: int) -> Ref:
+        """:meth:`ref`, loading the record it needs first (no key is built)."""
+        if 0 <= file_id < len(self._meta_keys):
+            return Ref(data=self._meta_bytes[file_id])
+        arr, index = self._chunk_of(file_id)
+        record_no, row = divmod(index, self.record_size)
+        record = await self._loaded_record(arr, record_no)
+        if record is None or not record.has(row):
+            raise KeyError(f"file id {file_id}: no such chunk")
+        return record.ref(row)
+
+    async def _loaded_record(self, arr: _Array, record_no: int) -> Record | None:
+        """A record, loaded in a worker thread on a miss."""
+        hit = self._cache.get((arr.index, record_no))
+        if hit is not _NOT_CACHED:
+            return hit
+        await self._ensure_record(arr, record_no)
+        return self._record(arr, record_no)
 
     async def _ensure_record(self, arr: _Array, record_no: int) -> None:
         if (arr.index, record_no) not in self._cache and not self._known_missing(arr, record_no):

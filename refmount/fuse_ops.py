@@ -107,27 +107,42 @@ class Operations(pyfuse3.Operations):
 
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
         # Each entry's next_id is its cursor + 1, so a resumed listing continues after it.
-        # The kernel copies the attributes at once, so one object serves every entry.
+        # The kernel copies the attributes at once, so one object serves every entry, and
+        # a file entry sets only what differs between files: a listing may be millions
+        # of entries, and each attribute set is a call.
         attr = self._template()
         file_mode = self.tree.file_mode
+        reply = pyfuse3.readdir_reply
         try:
             entries = await self.tree.listing(fh, after=start_id - 1)
         except FetchError as exc:
             raise pyfuse3.FUSEError(exc.errno) from None
+        as_file = False  # attr holds a file's mode and nlink
+        uncached = False  # attr holds timeouts of 0
         for name, inode, size, cursor in entries:
             if size is None and self.tree.is_dir(inode):
                 self._attributes(await self._node(inode), attr)
-            elif size is None and (size := self.tree.listed_size(inode)) is None:
-                # A whole remote file whose size the store has not told yet: a listing
-                # never waits on a remote, so list it with attributes the kernel may not
-                # keep; stat or open asks again (and waits, or gets the error).
-                self._attributes(Node(inode, file_mode, 1, 0), attr)
-                attr.entry_timeout = attr.attr_timeout = 0
+                as_file = False
             else:
-                self._attributes(Node(inode, file_mode, 1, size), attr)
-            if not pyfuse3.readdir_reply(token, os.fsencode(name), attr, cursor + 1):
+                if not as_file:
+                    attr.st_mode = file_mode
+                    attr.st_nlink = 1
+                    as_file = True
+                if size is None and (size := self.tree.listed_size(inode)) is None:
+                    # A whole remote file whose size the store has not told yet: a listing
+                    # never waits on a remote, so list it with attributes the kernel may
+                    # not keep; stat or open asks again (and waits, or gets the error).
+                    size = 0
+                    attr.entry_timeout = attr.attr_timeout = 0
+                    uncached = True
+                attr.st_ino = inode
+                attr.st_size = size
+                attr.st_blocks = (size + 511) // 512
+            if not reply(token, name.encode("utf-8", "surrogateescape"), attr, cursor + 1):
                 return
-            attr.entry_timeout = attr.attr_timeout = CACHE_SECONDS
+            if uncached:
+                attr.entry_timeout = attr.attr_timeout = CACHE_SECONDS
+                uncached = False
 
     async def releasedir(self, fh: int) -> None:
         pass

@@ -74,7 +74,7 @@ from collections.abc import Callable
 import trio
 
 from refmount.errors import FetchError
-from refmount.fetch import Fetcher, redact
+from refmount.fetch import NOWAIT_MAX, Fetcher, redact
 
 log = logging.getLogger(__name__)
 
@@ -382,12 +382,13 @@ class BlockCache:
         self._observe(url, start, end)
 
         waits = [p for p, _, _ in plan if p.data is None]
-        if not waits:
+        if not waits and not missing:
             self._counters["hits"] += 1
         else:
             self._counters["misses"] += 1
             if joined:
                 self._counters["joined"] += 1
+        if waits:
             if self._nursery is None:
                 mine = list(dict.fromkeys(p for p in waits if not p.started))
                 for p in mine:
@@ -575,11 +576,18 @@ class BlockCache:
         return part
 
     def _launch(self, part: _Part) -> None:
-        """Count a new part in flight and start its fetch (if the cache runs a nursery)."""
+        """Count a new part in flight and start its fetch (if the cache runs a nursery),
+        or land it at once if the fetcher has its bytes without waiting."""
         self._inflight_parts += 1
         kind = "readahead" if part.ahead else "demand"
         self._counters[f"{kind}_requests"] += 1
         self._counters[f"{kind}_bytes"] += part.end - part.start
+        if part.end - part.start <= NOWAIT_MAX:
+            data = self.fetcher.fetch_now(part.url, part.start, part.end)
+            if data is not None:
+                part.started = True
+                self._land(part, data)
+                return
         if self._nursery is not None:
             part.started = True
             self._nursery.start_soon(self._fly, part)

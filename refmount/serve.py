@@ -91,6 +91,7 @@ class Daemon:
         finally:
             pyfuse3.close(unmount=True)
             self.operations.tree.refset.close()
+            self.cache.fetcher.close()
             log.info("unmounted %s", mountpoint)
         return 0
 

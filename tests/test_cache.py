@@ -53,6 +53,15 @@ class RecordingFetcher(Fetcher):
         finally:
             self.active -= 1
 
+    def fetch_now(self, url: str, start: int, end: int) -> bytes | None:
+        """Recorded like ``fetch``; never used while fetches are slowed, gated or failing."""
+        if self.gate is not None or self.delay() or self.fail(url, start, end):
+            return None
+        data = super().fetch_now(url, start, end)
+        if data is not None:
+            self.calls.append((url, start, end))
+        return data
+
     def fetched_bytes(self) -> int:
         return sum(end - start for _, start, end in self.calls)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import trio
 from fsspec.implementations.local import LocalFileSystem
 
 from refmount.errors import FetchError
-from refmount.fetch import Fetcher
+from refmount.fetch import OPEN_LOCAL_FILES, Fetcher
 from refmount.refs import open_refset
 
 MAKE_SECONDS = 0.5
@@ -116,3 +117,69 @@ def test_a_json_set_names_the_protocols_it_points_at(tmp_path: Path) -> None:
     path = tmp_path / "refs.json"
     path.write_text(json.dumps(refs))
     assert open_refset(str(path)).protocols() == {"s3", "https", "file"}
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_local_reads_after_the_first_are_answered_from_memory(tmp_path: Path) -> None:
+    data = os.urandom(300_000)
+    path = tmp_path / "a.bin"
+    path.write_bytes(data)
+    fetcher = Fetcher()
+
+    async def main() -> None:
+        assert await fetcher.fetch(str(path), 0, 10) == data[:10]  # a worker thread
+        assert fetcher.stats.local_nowait_reads == 0
+        for start, end in [(5, 4096), (100_000, 200_000), (0, 300_000), (299_999, 300_000)]:
+            assert await fetcher.fetch(str(path), start, end) == data[start:end]
+        assert fetcher.stats.local_nowait_reads == 4
+        assert fetcher.fetch_now(str(path), 7, 9) == data[7:9]
+        # Past the end: the ordinary path decides, as for any store.
+        assert await fetcher.fetch(str(path), 299_000, 301_000, allow_short=True) == data[299_000:]
+        with pytest.raises(FetchError):
+            await fetcher.fetch(str(path), 299_000, 301_000)
+        assert fetcher.stats.local_nowait_reads == 5
+
+    trio.run(main)
+    fetcher.close()
+
+
+def test_pages_not_in_memory_are_read_by_a_worker(tmp_path: Path) -> None:
+    data = os.urandom(1 << 20)
+    path = tmp_path / "a.bin"
+    path.write_bytes(data)
+    fetcher = Fetcher()
+
+    async def main() -> None:
+        assert await fetcher.fetch(str(path), 0, 10) == data[:10]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache
+        finally:
+            os.close(fd)
+        assert fetcher.fetch_now(str(path), 500_000, 600_000) is None
+        assert await fetcher.fetch(str(path), 500_000, 600_000) == data[500_000:600_000]
+        assert fetcher.stats.local_nowait_reads == 0
+
+    trio.run(main)
+    fetcher.close()
+
+
+def test_open_local_files_are_bounded_and_closed(tmp_path: Path) -> None:
+    count = OPEN_LOCAL_FILES + 44
+    for i in range(count):
+        (tmp_path / f"{i}.bin").write_bytes(b"%06d" % i)
+    fetcher = Fetcher()
+    before = open_fds()
+
+    async def main() -> None:
+        for i in range(count):
+            assert await fetcher.fetch(str(tmp_path / f"{i}.bin"), 0, 6) == b"%06d" % i
+
+    trio.run(main)
+    assert open_fds() - before == OPEN_LOCAL_FILES
+    fetcher.close()
+    assert open_fds() == before

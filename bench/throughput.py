@@ -15,7 +15,7 @@ What it does, in one run:
   ``--delay`` seconds before answering each request;
 * writes one JSON reference set: ``big`` -> all of ``big.bin`` (512 MiB), and
   ``c/00000`` ... ``c/03999`` -> 256 KiB chunks lying back to back in ``chunks.bin``;
-* measures four systems side by side on four workloads:
+* measures five systems side by side on four workloads:
 
   ============  ===============================================================
   limit         fsspec's HTTP filesystem in-process, the same parallelism as
@@ -28,6 +28,9 @@ What it does, in one run:
                 subprocess, read with the same commands as refmount.
   refmount      ``refmount --cache-size 512M REFS MNT`` (daemonizes, returns
                 when the mount answers), unmounted with ``fusermount3 -u``.
+  tmpfs         W2 and W4 only: the same 4000 chunks as plain files in a
+                directory on ``/dev/shm``, read by the same ``cat``: the
+                yardstick for W4 (target: refmount at least 0.6 of it).
   ============  ===============================================================
 
   W1  ``dd if=MNT/big of=/dev/null bs=1M``: one 512 MiB reference.
@@ -82,7 +85,8 @@ CHUNK = 256 << 10
 PART = 8 << 20  # request size of the limit's sequential reads (refmount's max part)
 SEQ_PARALLEL = 8  # 64 MiB window / 8 MiB parts
 RANDOM_READERS = 16
-SYSTEMS = ("limit", "fsspec", "fsspec.fuse", "refmount")
+SYSTEMS = ("limit", "fsspec", "fsspec.fuse", "refmount", "tmpfs")
+TMPFS_ROOT = Path("/dev/shm")
 WORKLOADS = ("W1", "W2", "W3", "W4")
 TITLES = {
     "W1": "dd 512 MiB",
@@ -431,6 +435,33 @@ def measure_inprocess(
         log.info("%-11s %s %8.1f MB/s", name, workload, rate(setup, workload, seconds))
 
 
+def measure_tmpfs(setup: Setup, results: dict[str, dict[str, Result]]) -> None:
+    """W2 and W4's reader over the same 4000 chunk files as plain files on tmpfs: the
+    yardstick of W4 (every byte already in memory, no daemon)."""
+    if not is_tmpfs(TMPFS_ROOT):
+        raise RuntimeError(f"{TMPFS_ROOT} is not a tmpfs mount")
+    root = Path(tempfile.mkdtemp(prefix="refmount-bench-", dir=TMPFS_ROOT))
+    try:
+        (root / "c").mkdir()
+        with open(setup.data / "chunks.bin", "rb") as chunks:
+            for key in setup.keys:
+                (root / key).write_bytes(chunks.read(CHUNK))
+        for workload in ("W2", "W4"):
+            seconds = run_commands(root, setup, workload)
+            results["tmpfs"][workload].seconds.append(seconds)
+            log.info("%-11s %s %8.1f MB/s", "tmpfs", workload, rate(setup, workload, seconds))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def is_tmpfs(path: Path) -> bool:
+    with open("/proc/self/mounts") as mounts:
+        return any(
+            fields[1] == str(path) and fields[2] == "tmpfs"
+            for fields in (line.split() for line in mounts)
+        )
+
+
 def rate(setup: Setup, workload: str, seconds: float) -> float:
     return workload_bytes(setup, workload) / seconds / 1e6
 
@@ -479,6 +510,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         measure_inprocess(name, run_fsspec, setup, results)
                     elif name == "fsspec.fuse":
                         measure_fuse(name, fsspec_fuse_mount, setup, results, rss)
+                    elif name == "tmpfs":
+                        measure_tmpfs(setup, results)
                     else:
                         measure_fuse(name, refmount_mount, setup, results, rss)
                 except Exception as exc:
@@ -518,13 +551,15 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['budget']}; {report['machine']['cpus']} CPUs"
         + (" (quick sizes)" if report["quick"] else ""),
         "",
-        "| workload | " + " | ".join(SYSTEMS) + " | refmount/limit | refmount/fsspec |",
-        "|---" * (len(SYSTEMS) + 3) + "|",
+        "| workload | "
+        + " | ".join(SYSTEMS)
+        + " | refmount/limit | refmount/fsspec | refmount/tmpfs |",
+        "|---" * (len(SYSTEMS) + 4) + "|",
     ]
     for w in WORKLOADS:
         row = [f"{w} {TITLES[w]}"] + [fmt(mbps[s][w]) for s in SYSTEMS]
         ours = mbps["refmount"][w]
-        for peer in ("limit", "fsspec"):
+        for peer in ("limit", "fsspec", "tmpfs"):
             theirs = mbps[peer][w]
             row.append(fmt(ours / theirs, ".2f") if ours and theirs else "-")
         lines.append("| " + " | ".join(row) + " |")
@@ -559,7 +594,7 @@ _FONT = {
     " ": "000000000000000", "_": "000000000000111", "%": "101001010100101",
 }  # fmt: skip
 
-_COLOURS = [(120, 120, 120), (70, 130, 180), (230, 150, 40), (60, 170, 90)]
+_COLOURS = [(120, 120, 120), (70, 130, 180), (230, 150, 40), (60, 170, 90), (170, 90, 160)]
 
 
 class Canvas:
@@ -634,7 +669,7 @@ def png_bar_chart(report: dict[str, Any]) -> bytes:
             canvas.text(x, top + plot_h - h - 12, f"{value:.0f}", 1)
         canvas.text(x0, top + plot_h + 10, f"{w} {TITLES[w]}", 2)
     for n, s in enumerate(SYSTEMS):
-        x = left + n * 200
+        x = left + n * 160
         canvas.rect(x, height - 22, 12, 12, _COLOURS[n])
         canvas.text(x + 18, height - 21, s, 2)
     return canvas.png()

@@ -8,12 +8,13 @@ import json
 import logging
 import lzma
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zstandard
 
 from refmount.errors import RefsError
-from refmount.refs import Ref, open_refset
+from refmount.refs import Ref, open_refset, source
 from refmount.refs.table import TableRefSet
 
 SPEC_V1 = {
@@ -297,3 +298,19 @@ def test_missing_and_unreadable_refs(tmp_path: Path) -> None:
     (tmp_path / "dir").mkdir()
     with pytest.raises(RefsError, match=r"without \.zmetadata"):
         open_refset(str(tmp_path / "dir"))
+
+
+@pytest.mark.parametrize(
+    ("compress", "message"),
+    [(None, "larger than"), (gzip.compress, "expands beyond")],
+    ids=["plain", "gzip"],
+)
+def test_a_refs_file_over_the_size_limit_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compress: Any, message: str
+) -> None:
+    monkeypatch.setattr(source, "MAX_REFS_BYTES", 4096)
+    text = json.dumps({"version": 1, "refs": {f"k{i}": "x" * 50 for i in range(100)}})
+    path = tmp_path / ("refs.json.gz" if compress else "refs.json")
+    path.write_bytes(compress(text.encode()) if compress else text.encode())
+    with pytest.raises(RefsError, match=message):
+        open_refset(str(path))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -45,15 +46,18 @@ def open_refset(
     if _is_directory(fs, path):
         raise RefsError(f"{url}: a directory without .zmetadata is not a reference set")
     # Each format's modules (and pyarrow) are imported only when that format is met:
-    # a Parquet set should be mounted before pyarrow would have finished importing.
-    from refmount.refs import jsonrefs
-    from refmount.refs.table import TableRefSet
+    # a Parquet set should be mounted before pyarrow would have finished importing.  A
+    # large JSON set is parsed in two processes, and Arrow imported while the other parses.
+    from refmount.refs import jsonsplit
 
     raw = read_refs_bytes(fs, path)
-    document = jsonrefs.loads(raw, url)
-    del raw
-    columns = jsonrefs.parse(document, url, resolve)
-    del document
+    with jsonsplit.collector_paused():
+        parts = jsonsplit.parse_in_parts(raw, meanwhile=_import_table)
+        from refmount.refs import jsonrefs
+        from refmount.refs.table import TableRefSet
+
+        columns = jsonrefs.load(raw, url, resolve, parts)
+    del raw, parts
     table = columns.table()
     refset = TableRefSet(table, columns.urls, mtime=mtime, name=url)
     del table, columns
@@ -62,10 +66,15 @@ def open_refset(
     return refset
 
 
+def _import_table() -> None:
+    importlib.import_module("refmount.refs.table")
+
+
 def _release_freed_memory() -> None:
     """Hand the parse's freed memory back to the system, so its peak does not stay
-    resident: Arrow's pool keeps what the sort and filters freed (about 150 MB for a
-    million keys), and glibc's heap what the parsed JSON held."""
+    resident: glibc's heap keeps what the parsed JSON and the index's sort and filters
+    held (the JSON set's arrays come from it, see ``arrays.POOL``), Arrow's own pool what
+    any other Arrow work freed."""
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()

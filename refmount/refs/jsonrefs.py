@@ -1,9 +1,10 @@
 """Parsing JSON reference sets (version 0 and version 1) into compact columns.
 
-Range references (``[url, offset, length]``), nearly all of a large set, are converted in
-bulk into Arrow arrays by C loops, not a Python loop per key; anything else, and any batch
-with something wrong in it, goes through a per-key path that names the offending key.  URLs
-are interned: a million references into a few dozen files hold a few dozen URL strings.
+A large set is parsed in two processes at once when it can be (:mod:`.jsonsplit`), else in
+one.  Range references (``[url, offset, length]``), nearly all of a large set, become
+columns in bulk (:mod:`.rows`); anything else, and any mapping with something wrong in its
+range values, goes through a per-key path that names the offending key.  URLs are interned:
+a million references into a few dozen files hold a few dozen URL strings.
 """
 
 from __future__ import annotations
@@ -11,23 +12,32 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import operator
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from refmount.errors import RefsError
+from refmount.refs import arrays, jsonsplit
+from refmount.refs.rows import MAX_INT, Rows, rows_of
 from refmount.refs.templates import Templates
 from refmount.refs.values import inline_bytes
 
 log = logging.getLogger(__name__)
 
-MAX_INT = (1 << 63) - 1
 MAX_GEN_KEYS = 50_000_000  # keys all `gen` entries together may produce
 WHOLE_FILE = -1  # length column value of a [url] reference
+SCHEMA = pa.schema(
+    [
+        ("key", pa.large_string()),
+        ("url", pa.int32()),  # index in Columns.urls; -1 for inline data
+        ("offset", pa.int64()),
+        ("length", pa.int64()),  # of the range, or of the inline data; WHOLE_FILE
+        ("inline", pa.large_binary()),
+    ]
+)
 
 
 class Columns:
@@ -36,23 +46,21 @@ class Columns:
     def __init__(self, resolve: Callable[[str], str]) -> None:
         self.urls: list[str] = []
         self._resolve = resolve
-        self._url_ids: dict[str, int] = {}  # as written -> index in self.urls
+        self._url_ids: dict[str, int] = {}  # as given (rendered) -> index in self.urls
         self._resolved_ids: dict[str, int] = {}
         self._batches: list[pa.Table] = []
+        self.__init_rows()
+
+    def __init_rows(self) -> None:
         self._keys: list[str] = []
-        self._url_index = array("i")  # -1 for inline data
-        self._offsets = array("q")
-        self._lengths = array("q")
         self._inline: list[bytes | None] = []
+        self._url_index, self._offsets, self._lengths = array("i"), array("q"), array("q")
 
     def add_inline(self, key: str, data: bytes) -> None:
         self._add(key, -1, 0, len(data), data)
 
     def add_url(self, key: str, url: str, offset: int, length: int) -> None:
-        url_id = self._url_ids.get(url)
-        if url_id is None:
-            url_id = self._intern(url, key)
-        self._add(key, url_id, offset, length, None)
+        self._add(key, self._url_id(url, key), offset, length, None)
 
     def _add(self, key: str, url_id: int, offset: int, length: int, data: bytes | None) -> None:
         self._keys.append(key)
@@ -61,33 +69,48 @@ class Columns:
         self._lengths.append(length)
         self._inline.append(data)
 
-    def add_ranges(
-        self, keys: list[str], urls: list[str], offsets: pa.Array, lengths: pa.Array,
-        render: Callable[[str, str], str],
-    ) -> None:  # fmt: skip
-        """Append checked range rows in bulk; ``render(url, key)`` renders a URL template."""
-        ids: dict[str, int] = dict.fromkeys(urls, -1)  # the few distinct URLs, in order
-        for url in ids:
-            url_id = self._url_ids.get(url)
-            if url_id is None:
-                key = keys[urls.index(url)]
-                url_id = self._intern(render(url, key), key)
-            ids[url] = url_id
-        self._flush()
-        self._batches.append(
-            _batch(
-                keys,
-                _from_array(array("i", map(ids.__getitem__, urls)), pa.int32()),
-                offsets,
-                lengths,
-                pa.nulls(len(keys), pa.large_binary()),
+    def add_rows(self, rows: Rows, templates: Templates | None) -> None:
+        """Append one mapping's rows: its range columns in bulk, then the rest key by key."""
+        if len(rows):
+            ids = array(
+                "i", [self._range_url_id(rows, n, templates) for n in range(len(rows.urls))]
             )
-        )
+            self._flush()
+            self._batches.append(
+                _batch(
+                    arrays.from_texts(rows.keys),
+                    pc.take(
+                        arrays.numbers(ids, pa.int32()),
+                        arrays.numbers(rows.url_ids, pa.int32()),
+                        memory_pool=arrays.POOL,
+                    ),
+                    arrays.numbers(rows.offsets, pa.int64()),
+                    arrays.numbers(rows.lengths, pa.int64()),
+                    pa.nulls(len(rows), pa.large_binary(), memory_pool=arrays.POOL),
+                )
+            )
+        for key, value in rows.others:
+            _add_value(self, key, value, templates)
 
-    def _intern(self, url: str, key: str) -> int:
+    def _range_url_id(self, rows: Rows, number: int, templates: Templates | None) -> int:
+        """The id of ``rows.urls[number]``, rendered; an error names the first key using
+        it, looked for only then."""
+        url = rows.urls[number]
+        try:
+            return self._url_id(_render(url, templates, "a reference URL"))
+        except RefsError:
+            key = rows.key(rows.url_ids.index(number))
+        return self._url_id(_render(url, templates, f"key {key!r}"), key)
+
+    def _url_id(self, url: str, key: str | None = None) -> int:
+        url_id = self._url_ids.get(url)
+        if url_id is not None:
+            return url_id
         try:
             resolved = self._resolve(url)
         except RefsError as exc:
+            if key is None:
+                raise
             raise RefsError(f"key {key!r}: {exc}") from None
         url_id = self._resolved_ids.get(resolved)
         if url_id is None:
@@ -100,67 +123,52 @@ class Columns:
         if self._keys:
             self._batches.append(
                 _batch(
-                    self._keys,
-                    _from_array(self._url_index, pa.int32()),
-                    _from_array(self._offsets, pa.int64()),
-                    _from_array(self._lengths, pa.int64()),
-                    pa.array(self._inline, pa.large_binary()),
+                    arrays.strings(self._keys),
+                    arrays.numbers(self._url_index, pa.int32()),
+                    arrays.numbers(self._offsets, pa.int64()),
+                    arrays.numbers(self._lengths, pa.int64()),
+                    arrays.binaries(self._inline),
                 )
             )
             self.__init_rows()
 
-    def __init_rows(self) -> None:
-        self._keys, self._inline = [], []
-        self._url_index, self._offsets, self._lengths = array("i"), array("q"), array("q")
-
     def table(self) -> pa.Table:
-        """Every row so far, in order, as one table (key, url, offset, length, inline)."""
+        """Every row so far, in order, as one table of :data:`SCHEMA`."""
         self._flush()
         if not self._batches:
-            return _batch([], pa.array([], pa.int32()), pa.array([], pa.int64()),
-                          pa.array([], pa.int64()), pa.array([], pa.large_binary()))  # fmt: skip
-        table = pa.concat_tables(self._batches)
+            return SCHEMA.empty_table()
+        table = pa.concat_tables(self._batches, memory_pool=arrays.POOL)
         self._batches = []
         return table
 
 
-def _batch(keys: list[str], url: pa.Array, offset: pa.Array, length: pa.Array, inline: pa.Array):
-    return pa.table(
-        {"key": _strings(keys), "url": url, "offset": offset, "length": length, "inline": inline}
-    )
+def _batch(*columns: pa.Array) -> pa.Table:
+    return pa.Table.from_arrays(list(columns), schema=SCHEMA)
 
 
-def _strings(values: list[str]) -> pa.Array:
-    """A large_string array of ``values``, built with C loops.
+def _render(url: str, templates: Templates | None, what: str) -> str:
+    if templates is not None and "{{" in url:
+        return templates.render(url, what=what)
+    return url
 
-    ``pa.array`` would do, but it first probes whether the list is a pandas object, which
-    imports pandas (a second or so); joining and splitting on NUL is as exact: a NUL in a
-    value shows as a wrong count and takes the general path.
+
+def load(
+    raw: bytes, name: str, resolve: Callable[[str], str], parts: jsonsplit.Parts | None = None
+) -> Columns:
+    """Columns of the JSON reference set in ``raw``, from ``parts`` when it could be
+    parsed in parts (see :func:`.jsonsplit.parse_in_parts`).
+
+    A parse in parts may meet a problem that one parse would not (a bad value that a
+    later duplicate key replaces) or another problem first: on any error it is redone in
+    one go, which gives the exact error.
     """
-    blob = "\0".join(values).encode("utf-8", "surrogatepass")
-    if values and blob.count(b"\0") == len(values) - 1:
+    if parts is not None:
         try:
-            whole = pa.Array.from_buffers(
-                pa.large_string(), 1, [None, pa.py_buffer(array("q", [0, len(blob)])),
-                                       pa.py_buffer(blob)]
-            )  # fmt: skip
-            whole.validate(full=True)  # lone surrogates are not UTF-8
-            return pc.split_pattern(whole, "\0").flatten()
-        except pa.ArrowInvalid:
+            return parse(parts.fields, name, resolve, parts.pieces)
+        except RefsError:
             pass
-    try:
-        return pa.array(values, pa.large_string())
-    except (pa.ArrowInvalid, UnicodeEncodeError):
-        # Lone surrogates (JSON allows "\\ud800") are not UTF-8: make them U+FFFD, which
-        # the path check then refuses, naming the key.
-        return pa.array(
-            [k.encode("utf-8", "surrogatepass").decode("utf-8", "replace") for k in values],
-            pa.large_string(),
-        )
-
-
-def _from_array(values: array, kind: pa.DataType) -> pa.Array:
-    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
+    document = loads(raw, name)
+    return parse(document, name, resolve)
 
 
 def loads(raw: bytes, name: str) -> Any:
@@ -174,97 +182,52 @@ def loads(raw: bytes, name: str) -> Any:
         raise RefsError(f"{name}: not a JSON reference set: {exc}") from None
 
 
-def parse(document: Any, name: str, resolve: Callable[[str], str]) -> Columns:
-    """Columns of a parsed JSON reference set of either version."""
+def parse(
+    document: Any, name: str, resolve: Callable[[str], str], pieces: list[Rows] | None = None
+) -> Columns:
+    """Columns of a parsed JSON reference set of either version.  ``pieces``, when
+    given, are the rows of the key mapping (the whole object of version 0, ``refs`` of
+    version 1) parsed in parts; ``document`` then holds the other top-level fields."""
     if not isinstance(document, dict):
         raise RefsError(f"{name}: a reference set must be a JSON object")
     columns = Columns(resolve)
     version = document.get("version")
     if version is None:
-        _add_refs(columns, document, None, skip_version=True)
+        for rows in pieces or [rows_of(document, skip_version=True)]:
+            columns.add_rows(rows, None)
         return columns
     if version != 1 or isinstance(version, bool):
         raise RefsError(f"{name}: unsupported reference set version {version!r} (0 and 1 are)")
-    unknown = set(document) - {"version", "templates", "gen", "refs"}
-    if unknown:
-        log.warning("%s: ignoring unknown top-level fields %s", name, sorted(unknown))
     templates = Templates(document.get("templates", {}))
-    refs = document.get("refs", {})
-    if not isinstance(refs, dict):
-        raise RefsError(f'{name}: "refs" must be a JSON object')
-    _add_refs(columns, refs, templates)
+    if pieces is None:
+        refs = document.get("refs", {})
+        if not isinstance(refs, dict):
+            raise RefsError(f'{name}: "refs" must be a JSON object')
+        pieces = [rows_of(refs)]
+    for rows in pieces:
+        columns.add_rows(rows, templates)
     gen = document.get("gen", [])
     if not isinstance(gen, list):
         raise RefsError(f'{name}: "gen" must be a list')
     produced = 0
     for number, entry in enumerate(gen):
         produced = _add_gen(columns, entry, number, templates, produced)
+    unknown = set(document) - {"version", "templates", "gen", "refs"}
+    if unknown:  # once the set is known to be good: a parse in parts may be redone
+        log.warning("%s: ignoring unknown top-level fields %s", name, sorted(unknown))
     return columns
 
 
-def _add_refs(
-    columns: Columns, refs: Mapping[str, Any], templates: Templates | None, *, skip_version=False
-) -> None:
-    keys, values = list(refs), list(refs.values())
-    if skip_version and "version" in refs:  # "version": null in a version 0 file
-        at = keys.index("version")
-        del keys[at], values[at]
-    is_range = [type(v) is list and len(v) == 3 for v in values]
-    range_keys = list(itertools.compress(keys, is_range))
-    range_values = list(itertools.compress(values, is_range))
-    if not _add_ranges_in_bulk(columns, range_keys, range_values, templates):
-        for key, value in zip(range_keys, range_values, strict=True):
-            _add_list(columns, key, value, templates)
-    del range_keys, range_values
-    for key, value, ranged in zip(keys, values, is_range, strict=True):
-        if ranged:
-            continue
-        kind = type(value)
-        if kind is list:
-            _add_list(columns, key, value, templates)
-        elif kind is str or kind is dict:
-            columns.add_inline(key, inline_bytes(value, key))
-        else:
-            raise RefsError(
-                f"key {key!r}: expected a string, a JSON object or a list, "
-                f"got {type(value).__name__}"
-            )
-
-
-def _add_ranges_in_bulk(
-    columns: Columns, keys: list[str], values: list[list], templates: Templates | None
-) -> bool:
-    """Add ``[url, offset, length]`` rows with C loops; ``False`` (nothing added) when
-    anything is off, so that the per-key path can name the key."""
-    if not values:
-        return True
-    urls = list(map(operator.itemgetter(0), values))
-    if set(map(type, urls)) != {str}:
-        return False
-    numbers = []
-    for position in (1, 2):
-        column = list(map(operator.itemgetter(position), values))
-        if set(map(type, column)) != {int}:  # bool and float are not int here: type() is exact
-            return False
-        try:
-            numbers.append(array("q", column))
-        except OverflowError:
-            return False
-    offsets, lengths = (_from_array(n, pa.int64()) for n in numbers)
-    try:
-        pc.add_checked(offsets, lengths)
-    except pa.ArrowInvalid:
-        return False
-    if pc.min(offsets).as_py() < 0 or pc.min(lengths).as_py() < 0 or "" in urls:
-        return False
-
-    def render(url: str, key: str) -> str:
-        if templates is not None and "{{" in url:
-            return templates.render(url, what=f"key {key!r}")
-        return url
-
-    columns.add_ranges(keys, urls, offsets, lengths, render)
-    return True
+def _add_value(columns: Columns, key: str, value: Any, templates: Templates | None) -> None:
+    kind = type(value)
+    if kind is list:
+        _add_list(columns, key, value, templates)
+    elif kind is str or kind is dict:
+        columns.add_inline(key, inline_bytes(value, key))
+    else:
+        raise RefsError(
+            f"key {key!r}: expected a string, a JSON object or a list, got {kind.__name__}"
+        )
 
 
 def _add_list(columns: Columns, key: str, value: list, templates: Templates | None) -> None:
@@ -282,9 +245,7 @@ def _add_list(columns: Columns, key: str, value: list, templates: Templates | No
         )
     if not isinstance(url, str) or not url:
         raise RefsError(f"key {key!r}: the URL must be a non-empty string, got {url!r}")
-    if templates is not None and "{{" in url:
-        url = templates.render(url, what=f"key {key!r}")
-    columns.add_url(key, url, offset, length)
+    columns.add_url(key, _render(url, templates, f"key {key!r}"), offset, length)
 
 
 def _check_range(key: str, offset: int, length: int) -> None:

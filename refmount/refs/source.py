@@ -77,14 +77,18 @@ def compression_of(name: str, head: bytes) -> str | None:
 
 
 def read_refs_bytes(fs: Any, path: str) -> bytes:
-    """The whole (decompressed) content of a refs file."""
+    """The whole (decompressed) content of a refs file.
+
+    The file is read whole, in one read, and decompressed from memory if need be: a read
+    after a look at its first bytes takes a buffered path that costs as much again."""
     try:
         with fs.open(path, "rb") as raw:
-            head = raw.read(8)
-            raw.seek(0)
-            kind = compression_of(path, head)
-            stream = _OPENERS[kind](raw) if kind else raw
-            data = _read_bounded(stream, path, kind)
+            data = raw.read(MAX_REFS_BYTES + 1)
+        if len(data) > MAX_REFS_BYTES:
+            raise RefsError(f"{path}: larger than {MAX_REFS_BYTES >> 30} GiB")
+        kind = compression_of(path, data[:8])
+        if kind is not None:
+            data = _decompress(_OPENERS[kind](io.BytesIO(data)), path, kind)
     except RefsError:
         raise
     except (OSError, EOFError, lzma.LZMAError, zstandard.ZstdError) as exc:
@@ -92,13 +96,14 @@ def read_refs_bytes(fs: Any, path: str) -> bytes:
     return data
 
 
-def _read_bounded(stream: IO[bytes], path: str, kind: str | None) -> bytes:
-    out = io.BytesIO()
+def _decompress(stream: IO[bytes], path: str, kind: str) -> bytes:
+    chunks, size = [], 0
     while chunk := stream.read(16 << 20):
-        out.write(chunk)
-        if out.tell() > MAX_REFS_BYTES:
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_REFS_BYTES:
             raise RefsError(f"{path}: expands beyond {MAX_REFS_BYTES >> 30} GiB ({kind})")
-    return out.getvalue()
+    return b"".join(chunks)
 
 
 def _describe(exc: BaseException) -> str:

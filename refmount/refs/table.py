@@ -14,10 +14,12 @@ import logging
 from collections import Counter
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from fsspec.core import split_protocol
 
+from refmount.refs import arrays
 from refmount.refs.jsonrefs import WHOLE_FILE
 from refmount.refs.model import Child, Ref, RefSet
 
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 
 MAX_WARNINGS = 100  # odd keys reported one by one; past this, a count
 MAX_NAME_BYTES = 255
+_LISTING_BATCH = 1024  # keys decoded at a time by a listing
 _BAD_KEY = r"(^$)|(^/)|(/$)|(//)|((^|/)\.\.?(/|$))|\x00"
 
 
@@ -43,6 +46,10 @@ class _SortedKeys:
     def __getitem__(self, i: int) -> bytes:
         return bytes(self._data[self._offsets[i] : self._offsets[i + 1]])
 
+    def texts(self, start: int, stop: int) -> list[str]:
+        """The keys of rows ``[start, stop)``, decoded in one go."""
+        return self._array.slice(start, stop - start).to_pylist()
+
     def text(self, i: int) -> str:
         return str(self._data[self._offsets[i] : self._offsets[i + 1]], "utf-8")
 
@@ -56,7 +63,7 @@ class TableRefSet(RefSet):
         """``table`` has the columns of :meth:`Columns.table`, in file order."""
         self.mtime = mtime
         self.urls = urls
-        table, directories = _drop_bad_keys(_sorted_last_wins(table), name)
+        table, directories = _index(table, name)
         self._subdirectories = Counter(d.rpartition("/")[0] for d in directories)
         self._keys = _SortedKeys(table.column("key").combine_chunks())
         self._url_index = _int_view(table.column("url"), "i")
@@ -105,19 +112,24 @@ class TableRefSet(RefSet):
         prefix = path.encode("utf-8", "surrogatepass") + b"/" if path else b""
         end = keys.find(prefix[:-1] + b"0") if prefix else len(keys)
         row = max(keys.find(prefix), after + 1)
-        skip = len(prefix)
+        chars = len(path) + 1 if path else 0
+        new_child = tuple.__new__  # Child(...) without its Python-level __new__: per entry
         while row < end:
-            rest = keys[row][skip:]
-            slash = rest.find(b"/")
-            if slash < 0:
-                yield Child(rest.decode("utf-8", "surrogatepass"), row, row)
-                row += 1
-            else:
-                name = rest[:slash]
-                subtree_end = keys.find(prefix + name + b"0")
+            # Keys are decoded a batch at a time, in bulk: a listing of a million chunks
+            # must not cost a million slices and decodes in Python.
+            batch = keys.texts(row, min(end, row + _LISTING_BATCH))
+            for rest in batch:
+                rest = rest[chars:]
+                if "/" not in rest:
+                    yield new_child(Child, (rest, row, row))
+                    row += 1
+                    continue
+                name = rest.partition("/")[0]
+                subtree_end = keys.find(prefix + name.encode("utf-8", "surrogatepass") + b"0")
                 # The cursor is the subtree's last row, so resuming skips all of it.
-                yield Child(name.decode("utf-8", "surrogatepass"), None, subtree_end - 1)
+                yield Child(name, None, subtree_end - 1)
                 row = subtree_end
+                break  # the batch ran into a subtree: decode afresh after it
 
     def subdirectory_count(self, path: str) -> int:
         return self._subdirectories.get(path, 0)
@@ -129,40 +141,39 @@ class TableRefSet(RefSet):
         return {split_protocol(url)[0] or "file" for url in self.urls}
 
 
-def _sorted_last_wins(table: pa.Table) -> pa.Table:
-    """The rows sorted by key; where a key repeats, its last row wins."""
-    if len(table) == 0:
-        return table
-    table = table.take(pc.sort_indices(table, [("key", "ascending")]))  # a stable sort
-    key = table.column("key")
-    repeated = pc.equal(key.slice(0, len(table) - 1), key.slice(1))
-    if pc.any(repeated).as_py():
-        keep = pa.concat_arrays([pc.invert(repeated).combine_chunks(), pa.array([True])])
-        table = table.filter(keep)
-    return table
-
-
-def _drop_bad_keys(table: pa.Table, name: str) -> tuple[pa.Table, list[str]]:
-    """Drop keys that could not be paths, and files shadowed by a directory.
+def _index(table: pa.Table, name: str) -> tuple[pa.Table, list[str]]:
+    """The rows sorted by key, where a key repeats only its last row, without the keys
+    that cannot be paths or are files shadowed by a directory; and the directories.
 
     Rule: a key with an empty, ``.`` or ``..`` component, a leading or trailing ``/``, a
     NUL, a component over 255 bytes or invalid UTF-8 is skipped; a key that is both a file
     and the prefix of other keys (``a`` and ``a/b``) is a directory, and its own value is
-    skipped.  Each skipped key is logged once.  Returns the table and its directories.
+    skipped.  Each skipped key is logged once.  The checks run on the sorted keys alone;
+    the whole table is gathered once, at the end.
     """
+    pool = arrays.POOL
+    table = table.combine_chunks(pool)  # a take from one chunk is many times faster
+    # stable: the rows of a key stay in file order
+    order = pc.sort_indices(table.column("key"), memory_pool=pool)
+    keys = pc.take(table.column("key").combine_chunks(pool), order, memory_pool=pool)
+    keep = np.ones(len(keys), bool)
+    if len(keys) > 1:
+        repeated = arrays.mask(pc.equal(keys.slice(0, len(keys) - 1), keys.slice(1)))
+        keep[:-1] &= ~repeated
     warnings = _Warnings(name)
-    bad = _unusable(table.column("key"))
-    if pc.any(bad).as_py():
-        warnings.keys(table.column("key"), bad, _UNUSABLE)
-        table = table.filter(pc.invert(bad))
-    key = table.column("key")
-    directories = _directories(key)
-    shadowed = pc.is_in(key, value_set=pa.array(directories, pa.large_string()))
-    if pc.any(shadowed).as_py():
-        warnings.keys(key, shadowed, "is also a directory of other keys; the directory is kept")
-        table = table.filter(pc.invert(shadowed))
+    bad = _unusable(keys) & keep
+    if bad.any():
+        warnings.keys(keys, bad, _UNUSABLE)
+        keep &= ~bad
+    directories = _directories(keys, keep)
+    shadowed = pc.is_in(keys, value_set=arrays.strings(directories), memory_pool=pool)
+    shadowed = arrays.mask(shadowed) & keep
+    if shadowed.any():
+        warnings.keys(keys, shadowed, "is also a directory of other keys; the directory is kept")
+        keep &= ~shadowed
     warnings.summary()
-    return table, directories
+    rows = arrays.view(order, np.uint64)[keep]
+    return pc.take(table, arrays.numbers(rows, pa.uint64()), memory_pool=pool), directories
 
 
 _UNUSABLE = (
@@ -171,23 +182,52 @@ _UNUSABLE = (
 )
 
 
-def _unusable(key: pa.ChunkedArray) -> pa.ChunkedArray:
-    bad = pc.or_(pc.match_substring_regex(key, _BAD_KEY), pc.match_substring(key, "\ufffd"))
-    long = pc.greater(pc.binary_length(key), MAX_NAME_BYTES)
-    if pc.any(long).as_py():
-        rows = {
-            r for r in pc.indices_nonzero(long).to_pylist() if _has_long_component(key[r].as_py())
-        }
-        bad = pc.or_(bad, pa.array([i in rows for i in range(len(key))]))
+def _unusable(keys: pa.Array) -> np.ndarray:
+    bad = arrays.mask(pc.match_substring_regex(keys, _BAD_KEY, memory_pool=arrays.POOL))
+    bad |= arrays.mask(pc.match_substring(keys, "\ufffd", memory_pool=arrays.POOL))
+    long = np.flatnonzero(np.diff(arrays.offsets(keys)) > MAX_NAME_BYTES)
+    for row in long[~bad[long]].tolist():
+        bad[row] = _has_long_component(keys[row].as_py())
     return bad
 
 
-def _directories(key: pa.ChunkedArray) -> list[str]:
-    """Every directory the keys imply (from the few distinct parents, not per key)."""
-    nested = pc.filter(key, pc.match_substring(key, "/"))
-    parents = pc.unique(pc.replace_substring_regex(nested, r"/[^/]*$", "")).to_pylist()
+def _directories(keys: pa.Array, keep: np.ndarray) -> list[str]:
+    """Every directory the kept (sorted) keys imply: their parents and the ancestors.
+
+    No Python work per key: the length of each key's parent comes from NumPy, and a run of
+    rows with parents of one length has one parent when its first and last rows do (the
+    keys are sorted, so all between share that prefix); other runs are halved until so.
+    """
+    if not len(keys):
+        return []
+    offsets = arrays.offsets(keys)
+    data = keys.buffers()[2]
+    slashes = np.flatnonzero(np.frombuffer(data or b"", np.uint8) == ord("/"))
+    parent_length = np.full(len(keys), -1, np.int64)
+    if len(slashes):
+        before_end = np.searchsorted(slashes, offsets[1:]) - 1  # the last slash before
+        last = slashes[np.maximum(before_end, 0)]  # each key's end, if that is in the key
+        nested = keep & (before_end >= 0) & (last >= offsets[:-1])
+        parent_length[nested] = (last - offsets[:-1])[nested]
+    edges = np.flatnonzero(np.diff(parent_length)) + 1
+    runs = list(zip([0, *edges.tolist()], [*edges.tolist(), len(keys)], strict=True))
+    parents: set[bytes] = set()
+    while runs:
+        first, end = runs.pop()
+        size = int(parent_length[first])
+        if size < 0:
+            continue
+        start = int(offsets[first])
+        parent = data[start : start + size].to_pybytes()
+        last_start = int(offsets[end - 1])
+        if data[last_start : last_start + size].to_pybytes() == parent:
+            parents.add(parent)
+        else:
+            middle = (first + end) // 2
+            runs += [(first, middle), (middle, end)]
     directories: set[str] = set()
-    for parent in parents:
+    for parent_bytes in parents:
+        parent = parent_bytes.decode("utf-8", "surrogatepass")
         while parent and parent not in directories:
             directories.add(parent)
             parent = parent.rpartition("/")[0]
@@ -201,11 +241,11 @@ class _Warnings:
         self.name = name
         self.count = 0
 
-    def keys(self, key: pa.ChunkedArray, mask: pa.ChunkedArray, reason: str) -> None:
-        for row in pc.indices_nonzero(mask).to_pylist():
-            if self.count < MAX_WARNINGS:
-                log.warning("%s: skipping key %r: %s", self.name, key[row].as_py(), reason)
-            self.count += 1
+    def keys(self, key: pa.Array, mask: np.ndarray, reason: str) -> None:
+        rows = np.flatnonzero(mask)
+        for row in rows[: max(0, MAX_WARNINGS - self.count)].tolist():
+            log.warning("%s: skipping key %r: %s", self.name, key[row].as_py(), reason)
+        self.count += len(rows)
 
     def summary(self) -> None:
         if self.count > MAX_WARNINGS:
@@ -220,29 +260,18 @@ def _has_long_component(key: str) -> bool:
 
 def _url_extents(table: pa.Table, urls: list[str]) -> dict[str, int]:
     """For each URL that only ranges point into, the end of its furthest referenced byte."""
-    remote = table.filter(pc.greater_equal(table.column("url"), 0))
-    if len(remote) == 0:
-        return {}
-    grouped = (
-        pa.table(
-            {
-                "url": remote.column("url"),
-                "end": pc.add(remote.column("offset"), remote.column("length")),
-                "whole": pc.equal(remote.column("length"), WHOLE_FILE),
-            }
-        )
-        .group_by("url")
-        .aggregate([("end", "max"), ("whole", "any")])
-    )
+    url = arrays.view(table.column("url"), np.int32)
+    remote = url >= 0
+    url, offset = url[remote], arrays.view(table.column("offset"), np.int64)[remote]
+    length = arrays.view(table.column("length"), np.int64)[remote]
+    ends = np.full(len(urls), -1, np.int64)
+    np.maximum.at(ends, url, offset + length)
+    whole = np.zeros(len(urls), bool)
+    whole[url[length == WHOLE_FILE]] = True
     return {
         urls[url_id]: end
-        for url_id, end, whole in zip(
-            grouped.column("url").to_pylist(),
-            grouped.column("end_max").to_pylist(),
-            grouped.column("whole_any").to_pylist(),
-            strict=True,
-        )
-        if not whole
+        for url_id, end in enumerate(ends.tolist())
+        if end >= 0 and not whole[url_id]
     }
 
 

@@ -13,6 +13,7 @@ import bisect
 import logging
 from collections import Counter
 from collections.abc import Iterator
+from itertools import repeat
 
 import numpy as np
 import pyarrow as pa
@@ -117,9 +118,14 @@ class TableRefSet(RefSet):
         while row < end:
             # Keys are decoded a batch at a time, in bulk: a listing of a million chunks
             # must not cost a million slices and decodes in Python.
-            batch = keys.texts(row, min(end, row + _LISTING_BATCH))
-            for rest in batch:
-                rest = rest[chars:]
+            stop = min(end, row + _LISTING_BATCH)
+            names = [key[chars:] for key in keys.texts(row, stop)]
+            if "/" not in "".join(names):  # files only, the usual batch: no loop in Python
+                ids = range(row, stop)
+                yield from map(new_child, repeat(Child), zip(names, ids, ids, strict=True))
+                row = stop
+                continue
+            for rest in names:
                 if "/" not in rest:
                     yield new_child(Child, (rest, row, row))
                     row += 1

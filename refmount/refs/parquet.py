@@ -491,6 +491,16 @@ class ParquetRefSet(RefSet):
         return None
 
     def file_id(self, key: str) -> int | None:
+        where = self._where(key)
+        if where is None or isinstance(where, int):
+            return where
+        arr, index, record_no, row = where
+        record = self._record(arr, record_no)
+        return arr.base + index if record is not None and record.has(row) else None
+
+    def _where(self, key: str) -> int | tuple[_Array, int, int, int] | None:
+        """A metadata key's file id; a chunk key's array, chunk index, record number and
+        row in the record; None for a key that can be neither."""
         fid = self._meta_ids.get(key)
         if fid is not None:
             return fid
@@ -498,11 +508,7 @@ class ParquetRefSet(RefSet):
         if found is None:
             return None
         arr, index = found
-        record_no, row = divmod(index, self.record_size)
-        record = self._record(arr, record_no)
-        if record is None or not record.has(row):
-            return None
-        return arr.base + index
+        return arr, index, *divmod(index, self.record_size)
 
     def _chunk_of(self, file_id: int) -> tuple[_Array, int]:
         pos = bisect.bisect_right(self._bases, file_id) - 1
@@ -760,14 +766,10 @@ class ParquetRefSet(RefSet):
 
     async def find_file(self, key: str) -> int | None:
         """:meth:`file_id`, loading the record it needs first (the key is parsed once)."""
-        fid = self._meta_ids.get(key)
-        if fid is not None:
-            return fid
-        found = self._parse_chunk(key)
-        if found is None:
-            return None
-        arr, index = found
-        record_no, row = divmod(index, self.record_size)
+        where = self._where(key)
+        if where is None or isinstance(where, int):
+            return where
+        arr, index, record_no, row = where
         record = await self._loaded_record(arr, record_no)
         return arr.base + index if record is not None and record.has(row) else None
 

@@ -601,9 +601,15 @@ class BlockCache:
     async def _fly(self, part: _Part) -> None:
         data: bytes | None = None
         try:
-            # A whole reference must come back whole; blocks may end with the file.
-            short = part.exact is None
-            data = await self.fetcher.fetch(part.url, part.start, part.end, allow_short=short)
+            # A whole reference must come back whole; blocks may end with the file.  The
+            # local fast path has been tried (``_launch``).
+            data = await self.fetcher.fetch(
+                part.url,
+                part.start,
+                part.end,
+                allow_short=part.exact is None,
+                from_memory=False,
+            )
         except FetchError as exc:
             part.error = exc
         except Exception as exc:

@@ -161,17 +161,28 @@ class Fetcher:
 
     # -- public ---------------------------------------------------------------------------
 
-    async def fetch(self, url: str, start: int, end: int, *, allow_short: bool = False) -> bytes:
+    async def fetch(
+        self,
+        url: str,
+        start: int,
+        end: int,
+        *,
+        allow_short: bool = False,
+        from_memory: bool = True,
+    ) -> bytes:
         """Bytes ``[start, end)`` of ``url``.
 
         Exactly ``end - start`` bytes, or with ``allow_short`` fewer when the file ends
-        before ``end`` (read-ahead past a file's end); never more.
+        before ``end`` (read-ahead past a file's end); never more.  ``from_memory=False``
+        skips the local fast path, for a caller whose ``fetch_now`` just said no.
         """
         if end <= start:
             return b""
         want = end - start
-        if want <= NOWAIT_MAX and (data := self._read_now(url, start, end)) is not None:
-            return data
+        if from_memory and want <= NOWAIT_MAX:
+            data = self._read_now(url, start, end)
+            if data is not None:
+                return data
 
         async def attempt(fs: Any, path: str) -> bytes:
             if fs.async_impl:

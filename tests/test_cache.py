@@ -37,7 +37,15 @@ class RecordingFetcher(Fetcher):
         self.active = 0
         self.max_active = 0
 
-    async def fetch(self, url: str, start: int, end: int, *, allow_short: bool = False) -> bytes:
+    async def fetch(
+        self,
+        url: str,
+        start: int,
+        end: int,
+        *,
+        allow_short: bool = False,
+        from_memory: bool = True,
+    ) -> bytes:
         self.calls.append((url, start, end))
         self.active += 1
         self.max_active = max(self.max_active, self.active)
@@ -49,7 +57,9 @@ class RecordingFetcher(Fetcher):
                 await trio.sleep(delay)
             if self.fail(url, start, end):
                 raise FetchError(f"injected failure at {start}", errno.EIO)
-            return await super().fetch(url, start, end, allow_short=allow_short)
+            return await super().fetch(
+                url, start, end, allow_short=allow_short, from_memory=from_memory
+            )
         finally:
             self.active -= 1
 

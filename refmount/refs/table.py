@@ -37,8 +37,8 @@ class _SortedKeys:
 
     def __init__(self, keys: pa.LargeStringArray) -> None:
         self._array = keys
-        _, offsets, data = keys.buffers()
-        self._offsets = memoryview(offsets).cast("q")[keys.offset : keys.offset + len(keys) + 1]
+        data = keys.buffers()[2]
+        self._offsets = memoryview(arrays.offsets(keys))
         self._data = memoryview(data) if data is not None else memoryview(b"")
 
     def __len__(self) -> int:
@@ -67,9 +67,10 @@ class TableRefSet(RefSet):
         table, directories = _index(table, name)
         self._subdirectories = Counter(d.rpartition("/")[0] for d in directories)
         self._keys = _SortedKeys(table.column("key").combine_chunks())
-        self._url_index = _int_view(table.column("url"), "i")
-        self._offsets = _int_view(table.column("offset"), "q")
-        self._lengths = _int_view(table.column("length"), "q")
+        # memoryviews: indexing one gives a Python int, indexing NumPy a NumPy scalar
+        self._url_index = memoryview(arrays.view(table.column("url"), np.int32))
+        self._offsets = memoryview(arrays.view(table.column("offset"), np.int64))
+        self._lengths = memoryview(arrays.view(table.column("length"), np.int64))
         self._inline = table.column("inline").combine_chunks()
         self._extents = _url_extents(table, self.urls)
 
@@ -279,11 +280,3 @@ def _url_extents(table: pa.Table, urls: list[str]) -> dict[str, int]:
         for url_id, end in enumerate(ends.tolist())
         if end >= 0 and not whole[url_id]
     }
-
-
-def _int_view(column: pa.ChunkedArray, fmt: str) -> memoryview:
-    array_ = column.combine_chunks()
-    buffer = array_.buffers()[1]
-    width = array_.type.bit_width // 8
-    start = array_.offset
-    return memoryview(buffer).cast(fmt)[start : start + len(array_)] if width else memoryview(b"")

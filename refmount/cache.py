@@ -74,7 +74,7 @@ from collections.abc import Callable
 import trio
 
 from refmount.errors import FetchError
-from refmount.fetch import NOWAIT_MAX, Fetcher, redact
+from refmount.fetch import Fetcher, redact
 
 log = logging.getLogger(__name__)
 
@@ -463,7 +463,8 @@ class BlockCache:
     async def _direct(self, url: str, start: int, end: int) -> bytes:
         """Fetch exactly what a read needs, bypassing the cache (no room in the budget)."""
         self._counters["uncached_reads"] += 1
-        return await self.fetcher.fetch(url, start, end)
+        data = self.fetcher.try_now(url, start, end)
+        return data if data is not None else await self.fetcher.fetch(url, start, end)
 
     # -- read-ahead -----------------------------------------------------------------------
 
@@ -582,12 +583,11 @@ class BlockCache:
         kind = "readahead" if part.ahead else "demand"
         self._counters[f"{kind}_requests"] += 1
         self._counters[f"{kind}_bytes"] += part.end - part.start
-        if part.end - part.start <= NOWAIT_MAX:
-            data = self.fetcher.fetch_now(part.url, part.start, part.end)
-            if data is not None:
-                part.started = True
-                self._land(part, data)
-                return
+        data = self.fetcher.try_now(part.url, part.start, part.end)
+        if data is not None:
+            part.started = True
+            self._land(part, data)
+            return
         if self._nursery is not None:
             part.started = True
             self._nursery.start_soon(self._fly, part)
@@ -602,13 +602,9 @@ class BlockCache:
         data: bytes | None = None
         try:
             # A whole reference must come back whole; blocks may end with the file.  The
-            # local fast path has been tried (``_launch``).
+            # fast path has been tried (``_launch``).
             data = await self.fetcher.fetch(
-                part.url,
-                part.start,
-                part.end,
-                allow_short=part.exact is None,
-                from_memory=False,
+                part.url, part.start, part.end, allow_short=part.exact is None
             )
         except FetchError as exc:
             part.error = exc

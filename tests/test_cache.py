@@ -44,7 +44,6 @@ class RecordingFetcher(Fetcher):
         end: int,
         *,
         allow_short: bool = False,
-        from_memory: bool = True,
     ) -> bytes:
         self.calls.append((url, start, end))
         self.active += 1
@@ -57,17 +56,15 @@ class RecordingFetcher(Fetcher):
                 await trio.sleep(delay)
             if self.fail(url, start, end):
                 raise FetchError(f"injected failure at {start}", errno.EIO)
-            return await super().fetch(
-                url, start, end, allow_short=allow_short, from_memory=from_memory
-            )
+            return await super().fetch(url, start, end, allow_short=allow_short)
         finally:
             self.active -= 1
 
-    def fetch_now(self, url: str, start: int, end: int) -> bytes | None:
+    def try_now(self, url: str, start: int, end: int) -> bytes | None:
         """Recorded like ``fetch``; never used while fetches are slowed, gated or failing."""
         if self.gate is not None or self.delay() or self.fail(url, start, end):
             return None
-        data = super().fetch_now(url, start, end)
+        data = super().try_now(url, start, end)
         if data is not None:
             self.calls.append((url, start, end))
         return data

@@ -130,17 +130,20 @@ def test_local_reads_after_the_first_are_answered_from_memory(tmp_path: Path) ->
     fetcher = Fetcher()
 
     async def main() -> None:
+        assert fetcher.try_now(str(path), 0, 10) is None  # never read: no descriptor yet
         assert await fetcher.fetch(str(path), 0, 10) == data[:10]  # a worker thread
         assert fetcher.stats.local_nowait_reads == 0
         for start, end in [(5, 4096), (100_000, 200_000), (0, 300_000), (299_999, 300_000)]:
-            assert await fetcher.fetch(str(path), start, end) == data[start:end]
+            assert fetcher.try_now(str(path), start, end) == data[start:end]
         assert fetcher.stats.local_nowait_reads == 4
-        assert fetcher.fetch_now(str(path), 7, 9) == data[7:9]
-        # Past the end: the ordinary path decides, as for any store.
+        # Past the end the kernel answers short: not now; the ordinary path decides.
+        assert fetcher.try_now(str(path), 299_000, 301_000) is None
         assert await fetcher.fetch(str(path), 299_000, 301_000, allow_short=True) == data[299_000:]
         with pytest.raises(FetchError):
             await fetcher.fetch(str(path), 299_000, 301_000)
-        assert fetcher.stats.local_nowait_reads == 5
+        assert fetcher.stats.local_nowait_reads == 4
+        # Remote URLs never take this path.
+        assert fetcher.try_now("http://127.0.0.1:1/x", 0, 10) is None
 
     trio.run(main)
     fetcher.close()
@@ -160,7 +163,7 @@ def test_pages_not_in_memory_are_read_by_a_worker(tmp_path: Path) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache
         finally:
             os.close(fd)
-        assert fetcher.fetch_now(str(path), 500_000, 600_000) is None
+        assert fetcher.try_now(str(path), 500_000, 600_000) is None
         assert await fetcher.fetch(str(path), 500_000, 600_000) == data[500_000:600_000]
         assert fetcher.stats.local_nowait_reads == 0
 

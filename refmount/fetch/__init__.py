@@ -1,0 +1,17 @@
+"""Remote byte ranges: one fetcher (deadlines, retries, length checks) over backends
+that move the bytes (local files, fsspec)."""
+
+from refmount.fetch.fetcher import Fetcher, FetchPolicy, FetchStats, classify, protocol_of, redact
+from refmount.fetch.local import LOCAL_PROTOCOLS, NOWAIT_MAX, OPEN_LOCAL_FILES
+
+__all__ = [
+    "LOCAL_PROTOCOLS",
+    "NOWAIT_MAX",
+    "OPEN_LOCAL_FILES",
+    "FetchPolicy",
+    "FetchStats",
+    "Fetcher",
+    "classify",
+    "protocol_of",
+    "redact",
+]

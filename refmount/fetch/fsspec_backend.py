@@ -1,0 +1,100 @@
+"""Byte ranges through an fsspec filesystem: the path for every protocol no other
+backend takes.
+
+fsspec's asynchronous filesystems (HTTP, S3, GCS ...) run on fsspec's own asyncio loop
+thread.  A request is submitted to that loop and its completion is handed back to trio
+through the trio token, so no thread is spent per request and a trio cancel scope (the
+fetcher's deadline) cancels the asyncio task.  Synchronous filesystems run in trio's
+worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import fsspec
+import fsspec.asyn
+import trio
+
+from refmount.errors import FetchError
+
+
+class FsspecBackend:
+    """One protocol's fsspec filesystem, made once, in a worker thread: the imports
+    behind it must not stall the requests the serving loop answers meanwhile."""
+
+    def __init__(self, protocol: str, options: Mapping[str, Any]) -> None:
+        self.protocol = protocol
+        self.options = dict(options)
+        self._fs: Any = None
+        self._making: trio.Event | None = None
+
+    async def read(self, url: str, start: int, end: int) -> bytes:
+        fs = await self._filesystem()
+        path = fs._strip_protocol(url)
+        if fs.async_impl:
+            return await on_fsspec_loop(fs._cat_file(path, start=start, end=end))
+        return await trio.to_thread.run_sync(fs.cat_file, path, start, end, abandon_on_cancel=True)
+
+    async def size(self, url: str) -> int:
+        fs = await self._filesystem()
+        path = fs._strip_protocol(url)
+        if fs.async_impl:
+            info = await on_fsspec_loop(fs._info(path))
+        else:
+            info = await trio.to_thread.run_sync(fs.info, path, abandon_on_cancel=True)
+        if info.get("type") == "directory":
+            raise FileNotFoundError(f"{path} is a directory")
+        size = info.get("size")
+        if not isinstance(size, int) or size < 0:
+            raise FetchError(f"the store gives no size for {path}")
+        return size
+
+    async def prepare(self) -> None:
+        fs = await self._filesystem()
+        if fs.async_impl and hasattr(fs, "set_session"):
+            await on_fsspec_loop(fs.set_session())
+
+    def close(self) -> None:
+        pass
+
+    async def _filesystem(self) -> Any:
+        while self._fs is None:
+            if self._making is not None:
+                await self._making.wait()
+                continue
+            self._making = trio.Event()
+            try:
+                self._fs = await trio.to_thread.run_sync(self._make)
+            finally:
+                self._making.set()
+                self._making = None
+        return self._fs
+
+    def _make(self) -> Any:
+        try:
+            return fsspec.filesystem(self.protocol, **self.options)
+        except (ImportError, ValueError) as exc:
+            raise FetchError(f"no filesystem for protocol {self.protocol!r}: {exc}") from exc
+
+
+async def on_fsspec_loop(coro: Any) -> Any:
+    """Await a coroutine on fsspec's asyncio loop; cancelling this cancels it there."""
+    future = asyncio.run_coroutine_threadsafe(coro, fsspec.asyn.get_loop())
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+
+    def wake(_: object) -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(done.set)
+
+    future.add_done_callback(wake)
+    try:
+        await done.wait()
+    except BaseException:
+        future.cancel()
+        raise
+    return future.result()

@@ -1,0 +1,128 @@
+"""nginx on 127.0.0.1 serving a directory with byte ranges: the server a user meets.
+
+Benchmarks measure against it rather than a Python server, which on a small machine
+takes CPU from the daemon and hides its cost.  ``delay`` makes every data request wait
+(``echo_sleep`` from Debian's ``libnginx-mod-http-echo``) without blocking the worker,
+like an object store's time to first byte.  Needs Debian's ``nginx-light`` and
+``libnginx-mod-http-echo`` (installed by ``.ci/setup``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tests.support.servers import HOST, _Subprocess, free_port
+
+ECHO_MODULE = Path("/usr/lib/nginx/modules/ngx_http_echo_module.so")
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def nginx_available() -> str | None:
+    """Why nginx cannot run here, or None when it can."""
+    if shutil.which("nginx") is None:
+        return "nginx is not installed (apt-get install nginx-light)"
+    if not ECHO_MODULE.exists():
+        return f"{ECHO_MODULE} is missing (apt-get install libnginx-mod-http-echo)"
+    return None
+
+
+def nginx_config(root: Path, port: int, delay: float, prefix: Path) -> str:
+    """A one-server configuration: ``root`` on 127.0.0.1:``port``, ranges honoured,
+    no compression, no access log; ``delay`` seconds before each data answer."""
+    wait = f"echo_sleep {delay:.3f};\n            echo_exec @static;" if delay > 0 else ""
+    return f"""
+load_module {ECHO_MODULE};
+daemon off;
+master_process on;
+worker_processes 1;
+user root;
+pid {prefix}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 100000;
+    keepalive_timeout 120s;
+    client_body_temp_path {prefix}/body;
+    proxy_temp_path {prefix}/proxy;
+    fastcgi_temp_path {prefix}/fastcgi;
+    uwsgi_temp_path {prefix}/uwsgi;
+    scgi_temp_path {prefix}/scgi;
+    types {{ }}
+    default_type application/octet-stream;
+    server {{
+        listen {HOST}:{port};
+        root {root};
+        location / {{
+            {wait}
+        }}
+        location @static {{ }}
+    }}
+}}
+"""
+
+
+class NginxServer(_Subprocess):
+    """nginx serving ``root`` on 127.0.0.1, run in the foreground as a child of ours.
+
+    Usage::
+
+        with NginxServer(root, delay=0.010) as server:
+            url = f"{server.url}/file.bin"
+    """
+
+    def __init__(self, root: Path, delay: float = 0.0, *, startup_timeout: float = 20.0) -> None:
+        super().__init__()
+        self.root = Path(root).resolve()
+        self.delay = delay
+        self.startup_timeout = startup_timeout
+        self.port = 0
+        self._prefix: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def start(self) -> None:
+        why = nginx_available()
+        if why is not None:
+            raise RuntimeError(why)
+        self._prefix = tempfile.TemporaryDirectory(prefix="refmount-nginx-")
+        prefix = Path(self._prefix.name)
+        self.port = free_port()
+        config = prefix / "nginx.conf"
+        config.write_text(nginx_config(self.root, self.port, self.delay, prefix))
+        self._spawn(["nginx", "-p", str(prefix), "-c", str(config)])
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise self._fail(f"nginx exited with status {self._proc.returncode}")
+            try:
+                # Any answer (404 included) means the server is up.
+                with _opener.open(f"{self.url}/", timeout=2):
+                    return
+            except urllib.error.HTTPError:
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise self._fail(
+                        f"nginx did not answer within {self.startup_timeout:g} s"
+                    ) from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        super().stop()
+        if self._prefix is not None:
+            self._prefix.cleanup()
+            self._prefix = None

@@ -302,15 +302,23 @@ def test_missing_and_unreadable_refs(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("compress", "message"),
-    [(None, "larger than"), (gzip.compress, "expands beyond")],
+    [
+        (None, "over the limit of 4 KiB for a reference set \\(--max-refs-size\\)"),
+        (gzip.compress, "expands \\(gzip\\) over the limit of 4 KiB"),
+    ],
     ids=["plain", "gzip"],
 )
 def test_a_refs_file_over_the_size_limit_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compress: Any, message: str
+    tmp_path: Path, compress: Any, message: str
 ) -> None:
-    monkeypatch.setattr(source, "MAX_REFS_BYTES", 4096)
     text = json.dumps({"version": 1, "refs": {f"k{i}": "x" * 50 for i in range(100)}})
     path = tmp_path / ("refs.json.gz" if compress else "refs.json")
     path.write_bytes(compress(text.encode()) if compress else text.encode())
     with pytest.raises(RefsError, match=message):
-        open_refset(str(path))
+        open_refset(str(path), max_refs_bytes=4096)
+    assert len(open_refset(str(path), max_refs_bytes=len(text))) == 100
+
+
+def test_the_default_size_limit_is_named() -> None:
+    assert source.DEFAULT_MAX_REFS_BYTES == 2 << 30
+    assert "2 GiB" in source._over(source.DEFAULT_MAX_REFS_BYTES)

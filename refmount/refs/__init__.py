@@ -77,7 +77,11 @@ def _open(
         from refmount.refs import jsonrefs
         from refmount.refs.table import TableRefSet
 
-        columns = jsonrefs.load(raw, name, resolve, parts)
+        try:
+            columns = jsonrefs.load(raw, name, resolve, parts)
+        except RefsError as exc:  # the message names the key; the file goes first
+            text = str(exc)
+            raise RefsError(text if text.startswith(f"{name}: ") else f"{name}: {text}") from None
     del raw, parts
     table = columns.table()
     refset = TableRefSet(table, columns.urls, mtime=found.mtime, name=name)

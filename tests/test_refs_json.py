@@ -396,3 +396,40 @@ def test_a_directory_is_told_by_its_info_not_by_listing(tmp_path: Path) -> None:
     (tmp_path / "set.json").mkdir()
     with pytest.raises(RefsError, match=r"set\.json: a directory without \.zmetadata"):
         open_refset(str(tmp_path / "set.json"))
+
+
+def test_a_stalled_parquet_probe_or_metadata_is_an_error_within_the_timeout(
+    http: Any, http_root: Path
+) -> None:
+    from tests.test_parquet_remote import build
+
+    (http_root / "plain").write_text(json.dumps({"a": "x"}))  # not named as JSON: probed
+    http.fault("/plain/.zmetadata", "stall", count=-1)
+    started = time.monotonic()
+    with pytest.raises(RefsError, match="plain: the store did not answer within 1 s"):
+        open_refset(f"{http.url}/plain", timeout=1)
+    assert time.monotonic() - started < 5
+    http.clear_faults()
+    assert len(open_refset(f"{http.url}/plain", timeout=1)) == 1
+
+    build(http_root, "stalled.parq", f"{http.url}/data.bin")
+    http.fault("/stalled.parq/.zmetadata", "stall", count=-1, method="GET")
+    started = time.monotonic()
+    with pytest.raises(RefsError, match=r"stalled\.parq: the store did not answer within 1 s"):
+        open_refset(f"{http.url}/stalled.parq", timeout=1)
+    assert time.monotonic() - started < 5
+    http.clear_faults()
+    assert open_refset(f"{http.url}/stalled.parq", timeout=1).is_dir("x")
+
+
+def test_the_refs_request_asks_for_no_transfer_encoding(http: Any, http_root: Path) -> None:
+    """A transfer encoding would be decoded by the HTTP client before the budget saw it."""
+    import fsspec
+
+    (http_root / "enc.json").write_text("{}")
+    fs = fsspec.filesystem("http", headers={"Authorization": "Bearer t"})
+    with source._open(fs, f"{http.url}/enc.json", {"size": 2}) as f:
+        sent = f.r.request_info.headers
+        assert sent["Accept-Encoding"] == "identity"
+        assert sent["Authorization"] == "Bearer t"
+        assert f.read() == b"{}"

@@ -63,8 +63,12 @@ def _open(
     if found.parquet:
         from refmount.refs.parquet import ParquetRefSet
 
-        return ParquetRefSet.open(
-            fs, path, resolve=resolve, mtime=found.mtime, load_timeout=timeout
+        return source.within_deadline(
+            lambda _progress: ParquetRefSet.open(
+                fs, path, resolve=resolve, mtime=found.mtime, load_timeout=timeout
+            ),
+            timeout,
+            name,
         )
     # Each format's modules (and pyarrow) are imported only when that format is met:
     # a Parquet set should be mounted before pyarrow would have finished importing.  A

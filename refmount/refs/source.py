@@ -218,8 +218,10 @@ def _open(fs: Any, path: str, info: Mapping[str, Any]) -> IO[bytes]:
     if isinstance(fs, HTTPFileSystem):
         # One streaming GET for the whole body (a sized HTTP file would ask range by
         # range).  Passing a size spares the second HEAD fsspec would make for it; a
-        # streamed file does not use it.
-        return fs.open(path, "rb", block_size=0, size=info.get("size") or 1)
+        # streamed file does not use it.  The body is asked for as it is stored: a
+        # transfer encoding would be decoded before it could be counted.
+        headers = {**fs.kwargs.get("headers", {}), "Accept-Encoding": "identity"}
+        return fs.open(path, "rb", block_size=0, size=info.get("size") or 1, headers=headers)
     return fs.open(path, "rb")
 
 

@@ -275,6 +275,8 @@ def _add_gen(columns: Columns, entry: Any, number: int, templates: Templates, pr
         count *= _length(values)
     if produced + count > MAX_GEN_KEYS:
         raise RefsError(f"{where}: generates more than {MAX_GEN_KEYS} keys")
+    if count == 0:  # an empty dimension: the others, however long, give nothing
+        return produced
     key_t, url_t = str(entry["key"]), str(entry["url"])
     offset_t, length_t = entry.get("offset"), entry.get("length")
     for combination in itertools.product(*ranges):

@@ -17,7 +17,7 @@ from refmount.refs.jsonrefs import WHOLE_FILE
 from refmount.refs.table import MAX_NAME_BYTES, TableRefSet
 from refmount.refs.templates import Templates
 
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Keys from few characters, so that collisions, nesting and odd components are common.
 KEY_TEXT = st.text(alphabet="ab/.\x00ü\ud800", max_size=8) | st.just("n" * 260)

@@ -67,8 +67,8 @@ def filesystem_for(url: str, options: Mapping[str, Any], name: str) -> tuple[Any
     """The fsspec filesystem and path of a refs location (``name`` is for messages)."""
     try:
         return fsspec.core.url_to_fs(url, **options)
-    except (ImportError, ValueError, TypeError) as exc:
-        raise RefsError(f"{name}: cannot open: {exc}") from None
+    except Exception as exc:  # unknown protocol, missing package, bad options, ...
+        raise RefsError(f"{name}: cannot open: {type(exc).__name__}: {exc}") from None
 
 
 def within_deadline(work: Callable[[Progress], T], timeout: float, name: str) -> T:
@@ -202,6 +202,15 @@ def _read(
 ) -> bytes:
     """The whole, decompressed content of the file at ``path``."""
     with _open(fs, path, info) as raw:
+        if _is_local(fs):
+            kind = compression_of(path, raw.read(8))
+            raw.seek(0)
+            if kind is None:  # read in one go: no chunks to join (a copy of it all)
+                size = info.get("size")
+                data = raw.read(min(size, max_bytes) + 1 if isinstance(size, int) else -1)
+                if len(data) > max_bytes:
+                    raise RefsError(f"{name}: {_over(max_bytes)}")
+                return data
         stream = _Counted(raw, name, max_bytes, progress)
         kind = compression_of(path, stream.head)
         if kind is None:
@@ -210,6 +219,12 @@ def _read(
             return _decompress(_OPENERS[kind](stream), name, kind, max_bytes, progress)
         except (OSError, EOFError, lzma.LZMAError, zstandard.ZstdError) as exc:
             raise RefsError(f"{name}: cannot decompress ({kind}): {exc}") from None
+
+
+def _is_local(fs: Any) -> bool:
+    from fsspec.implementations.local import LocalFileSystem
+
+    return isinstance(fs, LocalFileSystem)
 
 
 def _open(fs: Any, path: str, info: Mapping[str, Any]) -> IO[bytes]:

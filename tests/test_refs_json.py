@@ -433,3 +433,11 @@ def test_the_refs_request_asks_for_no_transfer_encoding(http: Any, http_root: Pa
         assert sent["Accept-Encoding"] == "identity"
         assert sent["Authorization"] == "Bearer t"
         assert f.read() == b"{}"
+
+
+def test_relative_targets_of_a_refs_url_with_a_query_string() -> None:
+    from refmount.refs.urls import UrlResolver
+
+    resolve = UrlResolver("https://h/sets/refs.json?X-Amz-Signature=a/b&t=1")
+    assert resolve("data/f.nc") == "https://h/sets/data/f.nc"
+    assert resolve("../f.nc") == "https://h/f.nc"

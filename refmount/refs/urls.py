@@ -38,7 +38,9 @@ class UrlResolver:
         if protocol in (None, *LOCAL_PROTOCOLS):
             base = posixpath.dirname(posixpath.abspath(path))
         else:
-            base = self.refs_url.rsplit("/", 1)[0] if "/" in path else self.refs_url
+            # without the refs URL's query string: it was for that file (a signed URL)
+            url = without_query(self.refs_url)
+            base = url.rsplit("/", 1)[0] if "/" in path else url
         object.__setattr__(self, "_base", base)
 
     @property

@@ -142,3 +142,13 @@ def test_no_globals_are_left_but_the_spec_example_works() -> None:
     assert t.render("{{ f(c='x') }}/{{ (i + 1) * 10 }}", {"i": 2}, what="k") == "x-s3://b/30"
     with pytest.raises(RefsError, match=r"undefined|not safely callable"):
         t.render("{{ dict(a=1) }}", what="k")
+
+
+def test_the_cpu_budget_is_for_the_whole_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    import refmount.refs.templates as module
+
+    monkeypatch.setattr(module, "MAX_SECONDS", 0.05)
+    t = Templates({"f": "{{c}}"})
+    with pytest.raises(RefsError, match=r"key 'k\d+': .* take more than 0.05 s to render"):
+        for n in range(1_000_000):  # each rendering is quick; together they are not
+            t.render("{{ f(c=n) ~ n * 2 }}", {"n": n}, what=f"key 'k{n}'")

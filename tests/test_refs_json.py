@@ -7,6 +7,7 @@ import gzip
 import json
 import logging
 import lzma
+import time
 from pathlib import Path
 from typing import Any
 
@@ -302,15 +303,141 @@ def test_missing_and_unreadable_refs(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("compress", "message"),
-    [(None, "larger than"), (gzip.compress, "expands beyond")],
+    [
+        (None, "over the limit of 4 KiB for a reference set \\(--max-refs-size\\)"),
+        (gzip.compress, "expands \\(gzip\\) over the limit of 4 KiB"),
+    ],
     ids=["plain", "gzip"],
 )
 def test_a_refs_file_over_the_size_limit_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compress: Any, message: str
+    tmp_path: Path, compress: Any, message: str
 ) -> None:
-    monkeypatch.setattr(source, "MAX_REFS_BYTES", 4096)
     text = json.dumps({"version": 1, "refs": {f"k{i}": "x" * 50 for i in range(100)}})
     path = tmp_path / ("refs.json.gz" if compress else "refs.json")
     path.write_bytes(compress(text.encode()) if compress else text.encode())
     with pytest.raises(RefsError, match=message):
+        open_refset(str(path), max_refs_bytes=4096)
+    assert len(open_refset(str(path), max_refs_bytes=len(text))) == 100
+
+
+def test_the_default_size_limit_is_named() -> None:
+    assert source.DEFAULT_MAX_REFS_BYTES == 2 << 30
+    assert "2 GiB" in source._over(source.DEFAULT_MAX_REFS_BYTES)
+
+
+# --- reading REFS over HTTP ---------------------------------------------------------------
+
+
+def data_requests(server: Any, path: str) -> tuple[int, list[list]]:
+    """How many GET/HEAD requests the server answered for ``path``, and the bodies it sent."""
+    stats = server.stats()
+    bodies = [r for r in stats["ranges"] if r[0] == path]
+    return stats["requests"], bodies
+
+
+@pytest.mark.parametrize("name", ["refs.json", "refs.json.zst", "refs"])
+def test_an_http_refs_file_is_downloaded_once(http: Any, http_root: Path, name: str) -> None:
+    raw = json.dumps(SPEC_V0_EQUIVALENT).encode()
+    if name.endswith(".zst"):
+        raw = zstandard.ZstdCompressor().compress(raw)
+    (http_root / name).write_bytes(raw)
+    refset = open_refset(f"{http.url}/{name}?token=abc")
+    assert as_dict(refset) == as_dict(open_refset(str(http_root / name)))
+    requests, bodies = data_requests(http, f"/{name}")
+    assert bodies == [[f"/{name}", 0, len(raw)]]  # one body, the whole file
+    # a HEAD for its size; a name that is not JSON's is also asked for /NAME/.zmetadata
+    assert requests == (2 if name.endswith(".json") or name.endswith(".zst") else 3)
+
+
+def test_a_refs_url_with_a_query_string_is_a_json_file(http: Any, http_root: Path) -> None:
+    """The server ignores the query: ``refs.json?x=/.zmetadata`` would be the JSON file
+    again, and a probe that appended to the query would take it for Parquet metadata."""
+    (http_root / "q.json").write_text(json.dumps({"a": "x"}))
+    refset = open_refset(f"{http.url}/q.json?sig=abc&x=1")
+    assert refset.ref(refset.file_id("a")) == Ref(data=b"x")
+    assert source.compression_of("https://h/r.json.gz?x=1", b"{") == "gzip"
+    assert source.compression_of("https://h/r.json?x=.gz", b"{") is None
+
+
+def test_a_stalled_store_is_an_error_within_the_timeout(http: Any, http_root: Path) -> None:
+    (http_root / "slow.json").write_text(json.dumps({"a": "x"}))
+    for method in ("HEAD", "GET"):
+        http.clear_faults()
+        http.fault("/slow.json", "stall", count=-1, method=method)
+        started = time.monotonic()
+        with pytest.raises(RefsError, match=r"slow\.json: the store did not answer within 1 s"):
+            open_refset(f"{http.url}/slow.json", timeout=1)
+        assert time.monotonic() - started < 5
+
+
+def test_an_http_error_is_a_refs_error_without_credentials(http: Any) -> None:
+    http.fault("/secret.json", "500", count=-1)
+    with pytest.raises(RefsError) as error:
+        open_refset(f"http://user:pa55@127.0.0.1:{http.port}/secret.json?token=s3cr3t")
+    message = str(error.value)
+    assert message.startswith(f"http://127.0.0.1:{http.port}/secret.json: ")
+    assert "s3cr3t" not in message and "pa55" not in message
+    with pytest.raises(RefsError, match="no such file") as error:
+        open_refset(f"{http.url}/missing.json?token=s3cr3t")
+    assert "s3cr3t" not in str(error.value)
+
+
+def test_target_urls_in_messages_are_redacted(tmp_path: Path) -> None:
+    document = {"version": 1, "refs": {"k": ["https://u:pw@h/x?X-Amz-Signature={{nope}}", 0, 1]}}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(RefsError, match="key 'k': undefined name") as error:
         open_refset(str(path))
+    assert "pw" not in str(error.value) and "Signature" not in str(error.value)
+    assert "https://h/x" in str(error.value)
+
+
+def test_a_directory_is_told_by_its_info_not_by_listing(tmp_path: Path) -> None:
+    (tmp_path / "set.json").mkdir()
+    with pytest.raises(RefsError, match=r"set\.json: a directory without \.zmetadata"):
+        open_refset(str(tmp_path / "set.json"))
+
+
+def test_a_stalled_parquet_probe_or_metadata_is_an_error_within_the_timeout(
+    http: Any, http_root: Path
+) -> None:
+    from tests.test_parquet_remote import build
+
+    (http_root / "plain").write_text(json.dumps({"a": "x"}))  # not named as JSON: probed
+    http.fault("/plain/.zmetadata", "stall", count=-1)
+    started = time.monotonic()
+    with pytest.raises(RefsError, match="plain: the store did not answer within 1 s"):
+        open_refset(f"{http.url}/plain", timeout=1)
+    assert time.monotonic() - started < 5
+    http.clear_faults()
+    assert len(open_refset(f"{http.url}/plain", timeout=1)) == 1
+
+    build(http_root, "stalled.parq", f"{http.url}/data.bin")
+    http.fault("/stalled.parq/.zmetadata", "stall", count=-1, method="GET")
+    started = time.monotonic()
+    with pytest.raises(RefsError, match=r"stalled\.parq: the store did not answer within 1 s"):
+        open_refset(f"{http.url}/stalled.parq", timeout=1)
+    assert time.monotonic() - started < 5
+    http.clear_faults()
+    assert open_refset(f"{http.url}/stalled.parq", timeout=1).is_dir("x")
+
+
+def test_the_refs_request_asks_for_no_transfer_encoding(http: Any, http_root: Path) -> None:
+    """A transfer encoding would be decoded by the HTTP client before the budget saw it."""
+    import fsspec
+
+    (http_root / "enc.json").write_text("{}")
+    fs = fsspec.filesystem("http", headers={"Authorization": "Bearer t"})
+    with source._open(fs, f"{http.url}/enc.json", {"size": 2}) as f:
+        sent = f.r.request_info.headers
+        assert sent["Accept-Encoding"] == "identity"
+        assert sent["Authorization"] == "Bearer t"
+        assert f.read() == b"{}"
+
+
+def test_relative_targets_of_a_refs_url_with_a_query_string() -> None:
+    from refmount.refs.urls import UrlResolver
+
+    resolve = UrlResolver("https://h/sets/refs.json?X-Amz-Signature=a/b&t=1")
+    assert resolve("data/f.nc") == "https://h/sets/data/f.nc"
+    assert resolve("../f.nc") == "https://h/f.nc"

@@ -10,16 +10,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from refmount.errors import RefsError
+from refmount.refs import source
 from refmount.refs.model import Child, Ref, RefSet
-from refmount.refs.source import (
-    filesystem_for,
-    is_parquet_refs,
-    modification_time,
-    read_refs_bytes,
-)
-from refmount.refs.urls import UrlResolver
+from refmount.refs.source import DEFAULT_MAX_REFS_BYTES
+from refmount.refs.urls import UrlResolver, redact_text, redact_url
 
-__all__ = ["Child", "Ref", "RefSet", "RefsError", "open_refset"]
+__all__ = ["DEFAULT_MAX_REFS_BYTES", "Child", "Ref", "RefSet", "RefsError", "open_refset"]
 
 log = logging.getLogger(__name__)
 
@@ -31,38 +27,71 @@ def open_refset(
     remote_protocol: str | None = None,
     allow_local: bool = False,
     timeout: float = 60.0,
+    max_refs_bytes: int = DEFAULT_MAX_REFS_BYTES,
 ) -> RefSet:
     """Read and validate the reference set at ``url`` (a JSON file, plain or compressed,
     or a Parquet reference directory), raising :class:`RefsError` with the reason.
-    ``timeout`` bounds each later load of a lazily read part (a Parquet record file)."""
-    fs, path = filesystem_for(url, storage_options or {})
+
+    Finding and reading it fails when the store stays silent for ``timeout`` seconds;
+    ``timeout`` also bounds each later load of a lazily read part (a Parquet record
+    file).  A JSON file may hold at most ``max_refs_bytes``, compressed or not.  Messages
+    never show credentials of a URL (``user:pass@``, query strings)."""
+    try:
+        return _open(
+            url, storage_options or {}, remote_protocol, allow_local, timeout, max_refs_bytes
+        )
+    except RefsError as exc:
+        raise RefsError(redact_text(str(exc))) from None
+
+
+def _open(
+    url: str,
+    options: Mapping[str, Any],
+    remote_protocol: str | None,
+    allow_local: bool,
+    timeout: float,
+    max_refs_bytes: int,
+) -> RefSet:
+    name = redact_url(url)
+    fs, path = source.filesystem_for(url, options, name)
     resolve = UrlResolver(url, remote_protocol=remote_protocol, allow_local=allow_local)
-    if is_parquet_refs(fs, path):
+    found = source.within_deadline(
+        lambda progress: source.find(fs, path, name, max_bytes=max_refs_bytes, progress=progress),
+        timeout,
+        name,
+    )
+    if found.parquet:
         from refmount.refs.parquet import ParquetRefSet
 
-        mtime = modification_time(fs, f"{path.rstrip('/')}/.zmetadata")
-        return ParquetRefSet.open(fs, path, resolve=resolve, mtime=mtime, load_timeout=timeout)
-    mtime = modification_time(fs, path)
-    if _is_directory(fs, path):
-        raise RefsError(f"{url}: a directory without .zmetadata is not a reference set")
+        return source.within_deadline(
+            lambda _progress: ParquetRefSet.open(
+                fs, path, resolve=resolve, mtime=found.mtime, load_timeout=timeout
+            ),
+            timeout,
+            name,
+        )
     # Each format's modules (and pyarrow) are imported only when that format is met:
     # a Parquet set should be mounted before pyarrow would have finished importing.  A
     # large JSON set is parsed in two processes, and Arrow imported while the other parses.
     from refmount.refs import jsonsplit
 
-    raw = read_refs_bytes(fs, path)
+    raw, found.data = found.data, b""
     with jsonsplit.collector_paused():
         parts = jsonsplit.parse_in_parts(raw, meanwhile=_import_table)
         from refmount.refs import jsonrefs
         from refmount.refs.table import TableRefSet
 
-        columns = jsonrefs.load(raw, url, resolve, parts)
+        try:
+            columns = jsonrefs.load(raw, name, resolve, parts)
+        except RefsError as exc:  # the message names the key; the file goes first
+            text = str(exc)
+            raise RefsError(text if text.startswith(f"{name}: ") else f"{name}: {text}") from None
     del raw, parts
     table = columns.table()
-    refset = TableRefSet(table, columns.urls, mtime=mtime, name=url)
+    refset = TableRefSet(table, columns.urls, mtime=found.mtime, name=name)
     del table, columns
     _release_freed_memory()
-    log.info("%s: %d keys referencing %d remote files", url, len(refset), len(refset.urls))
+    log.info("%s: %d keys referencing %d remote files", name, len(refset), len(refset.urls))
     return refset
 
 
@@ -80,10 +109,3 @@ def _release_freed_memory() -> None:
     pa.default_memory_pool().release_unused()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def _is_directory(fs: Any, path: str) -> bool:
-    try:
-        return bool(fs.isdir(path))
-    except OSError:
-        return False

@@ -27,7 +27,9 @@ from refmount.refs.values import inline_bytes
 
 log = logging.getLogger(__name__)
 
-MAX_GEN_KEYS = 50_000_000  # keys all `gen` entries together may produce
+#: Keys all ``gen`` entries of a set may produce together (their rendered text also counts
+#: against :data:`.templates.MAX_RENDERED`).
+MAX_GEN_KEYS = 10_000_000
 WHOLE_FILE = -1  # length column value of a [url] reference
 SCHEMA = pa.schema(
     [
@@ -178,7 +180,7 @@ def loads(raw: bytes, name: str) -> Any:
         raise RefsError(
             f"{name}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
         ) from None
-    except (UnicodeDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # bad UTF-8, too deep, too long a number
         raise RefsError(f"{name}: not a JSON reference set: {exc}") from None
 
 
@@ -270,9 +272,11 @@ def _add_gen(columns: Columns, entry: Any, number: int, templates: Templates, pr
     names, ranges = _dimensions(entry["dimensions"], where)
     count = 1
     for values in ranges:
-        count *= len(values)
+        count *= _length(values)
     if produced + count > MAX_GEN_KEYS:
         raise RefsError(f"{where}: generates more than {MAX_GEN_KEYS} keys")
+    if count == 0:  # an empty dimension: the others, however long, give nothing
+        return produced
     key_t, url_t = str(entry["key"]), str(entry["url"])
     offset_t, length_t = entry.get("offset"), entry.get("length")
     for combination in itertools.product(*ranges):
@@ -316,8 +320,17 @@ def _dimensions(spec: Any, where: str) -> tuple[list[str], list[range | list[int
     return names, ranges
 
 
+def _length(values: range | list[int]) -> int:
+    """How many values, also for a range too long for ``len``."""
+    if isinstance(values, list):
+        return len(values)
+    return max(0, -((values.start - values.stop) // values.step))
+
+
 def _render_int(templates: Templates, source: str, variables: dict, what: str) -> int:
     text = templates.render(source, variables, what=what).strip()
     if not text.isascii() or not text.isdecimal():
         raise RefsError(f"{what}: renders {text[:40]!r}, not a non-negative integer")
+    if len(text) > len(str(MAX_INT)):
+        raise RefsError(f"{what}: renders {text[:40]!r}, which exceeds 2**63 - 1")
     return int(text)

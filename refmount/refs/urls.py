@@ -1,14 +1,17 @@
-"""Turning the URLs written in a reference set into full URLs the fetcher can use."""
+"""Turning the URLs written in a reference set into full URLs the fetcher can use, and
+the URLs of reference sets into names fit for messages."""
 
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 import fsspec.core
 
 from refmount.errors import RefsError
-from refmount.fetch import LOCAL_PROTOCOLS
+from refmount.fetch import LOCAL_PROTOCOLS, redact
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,9 @@ class UrlResolver:
         if protocol in (None, *LOCAL_PROTOCOLS):
             base = posixpath.dirname(posixpath.abspath(path))
         else:
-            base = self.refs_url.rsplit("/", 1)[0] if "/" in path else self.refs_url
+            # without the refs URL's query string: it was for that file (a signed URL)
+            url = without_query(self.refs_url)
+            base = url.rsplit("/", 1)[0] if "/" in path else url
         object.__setattr__(self, "_base", base)
 
     @property
@@ -66,3 +71,38 @@ class UrlResolver:
         root, _, directory = rest.partition("/")
         path = posixpath.normpath(posixpath.join("/" + directory, relative))
         return f"{protocol}://{root}{path}"
+
+
+_WEB_PROTOCOLS = ("http://", "https://")
+_URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{},]+")
+
+
+def without_query(path: str) -> str:
+    """An HTTP(S) URL without its query string and fragment (a ``?`` in another store's
+    path is part of the name)."""
+    if path.startswith(_WEB_PROTOCOLS):
+        return urlunsplit(urlsplit(path)._replace(query="", fragment=""))
+    return path
+
+
+def child_url(root: str, name: str) -> str:
+    """``root/name``; for an HTTP(S) URL the query string stays at the end
+    (``https://h/set?token=t`` gives ``https://h/set/.zmetadata?token=t``)."""
+    if root.startswith(_WEB_PROTOCOLS):
+        parts = urlsplit(root)
+        return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{name}"))
+    return f"{root.rstrip('/')}/{name}"
+
+
+def redact_url(url: str) -> str:
+    """:func:`refmount.fetch.redact`, also for a URL it cannot parse (a bad port)."""
+    try:
+        return redact(url)
+    except ValueError:
+        return f"{url.partition('://')[0]}://<redacted>"
+
+
+def redact_text(text: str) -> str:
+    """``text`` with credentials (``user:pass@``, query strings) removed from every URL
+    in it: for messages that quote a URL, or an error of a library that did."""
+    return _URL_IN_TEXT.sub(lambda found: redact_url(found.group()), text)

@@ -24,5 +24,8 @@ def inline_bytes(value: str | dict[str, Any], key: str) -> bytes:
                 raise RefsError(f"key {key!r}: invalid base64 data ({exc})") from None
         return value.encode("utf-8", "surrogatepass")
     if isinstance(value, dict):
-        return json.dumps(value, separators=(",", ":")).encode("ascii")
+        try:
+            return json.dumps(value, separators=(",", ":")).encode("ascii")
+        except (RecursionError, ValueError) as exc:  # nested too deep for the encoder
+            raise RefsError(f"key {key!r}: cannot serve this JSON object ({exc})") from None
     raise RefsError(f"key {key!r}: expected a string or a JSON object, got {type(value).__name__}")

@@ -28,6 +28,7 @@ from refmount.refs.parquet import NotLoaded, ParquetRefSet
 from refmount.refs.source import is_parquet_refs
 from refmount.refs.values import inline_bytes
 from refmount.tree import ROOT_INODE, Owner, Tree
+from tests.support.parquet_sets import write_record, write_set
 
 
 class CountingFS(LocalFileSystem):
@@ -397,34 +398,6 @@ def test_resume_does_not_rescan(tmp_path: Path) -> None:
 
 
 # --- hostile input ------------------------------------------------------------------
-
-
-def write_set(root: Path, metadata: dict[str, Any], record_size: int = 4, **extra: Any) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    doc = {"metadata": metadata, "record_size": record_size, **extra}
-    (root / ".zmetadata").write_text(json.dumps(doc))
-
-
-def write_record(
-    path: Path,
-    paths: list[str | None] | None,
-    offsets: list[Any] | None,
-    sizes: list[Any] | None,
-    raws: list[bytes | None] | None = None,
-    *,
-    row_group_size: int | None = None,
-) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    columns: dict[str, Any] = {}
-    if paths is not None:
-        columns["path"] = pa.array(paths, pa.string()).dictionary_encode()
-    if offsets is not None:
-        columns["offset"] = offsets
-    if sizes is not None:
-        columns["size"] = sizes
-    if raws is not None:
-        columns["raw"] = pa.array(raws, pa.binary())
-    pq.write_table(pa.table(columns), path, row_group_size=row_group_size)
 
 
 def open_set(root: Path, **kwargs: Any) -> ParquetRefSet:

@@ -7,8 +7,10 @@ fsspec's ``LazyReferenceMapper`` + zarr 2, and with pyarrow for hostile rows.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -80,7 +82,7 @@ def listing(rs: ParquetRefSet, path: str, after: int = -1, limit: int | None = N
     out: list[Child] = []
     while limit is None or len(out) < limit:
         trio.run(rs.ensure, path, after)
-        batch = list(rs.children(path, after))
+        batch = list(itertools.islice(rs.children(path, after), limit and limit - len(out)))
         if not batch:
             break
         out += batch
@@ -687,7 +689,11 @@ def test_lru_is_bounded(kc) -> None:
     rs, refs, _, _ = kc
     everything = [(p, c) for p, c in walk(rs)]
     reads = rs.record_reads
-    one_record = max(r.nbytes for r in rs._store._lru.values() if r is not None)
+    one_record = 0
+    for key in ["x/0.0", "x/2.0", "x/3.3", "g/sub/y/0", "n/0/0/0", "s/0"]:  # every record
+        alone = ParquetRefSet.open(LocalFileSystem(), rs.root, resolve=str, mtime=0)
+        assert file_id(alone, key) is not None
+        one_record = max(one_record, alone.cache_bytes)
     assert rs.cache_bytes <= 256 << 20 and rs.cached_records == reads
     list(walk(rs))
     assert rs.record_reads == reads  # all cached
@@ -695,7 +701,7 @@ def test_lru_is_bounded(kc) -> None:
     small = ParquetRefSet.open(
         LocalFileSystem(),
         rs.root,
-        resolve=rs._store._resolve,
+        resolve=resolve_in(Path(rs.root).parent),
         mtime=0,
         record_cache_bytes=one_record,
     )
@@ -707,7 +713,11 @@ def test_lru_is_bounded(kc) -> None:
     assert small.record_reads > reads
 
     none = ParquetRefSet.open(
-        LocalFileSystem(), rs.root, resolve=rs._store._resolve, mtime=0, record_cache_bytes=0
+        LocalFileSystem(),
+        rs.root,
+        resolve=resolve_in(Path(rs.root).parent),
+        mtime=0,
+        record_cache_bytes=0,
     )
     assert [(p, c) for p, c in walk(none)] == everything
     assert none.cache_bytes == 0 and none.cached_records == 0
@@ -933,3 +943,116 @@ def test_lazy_reference_mapper(tmp_path: Path) -> None:
             assert json.loads(mapping[key]) == json.loads(ref_fs.cat_file(key)), key
         else:
             assert mapping[key] == ref_fs.cat_file(key) == chunks[key], key
+
+
+# --- store failures: retries, unexpected exception types, deadlines ---------------------
+
+
+class FaultyFS(LocalFileSystem):
+    """Local files whose next opens or listings fail with queued exceptions (of any type,
+    as a remote filesystem may raise), or stall for a while."""
+
+    cachable = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.open_faults: list[BaseException] = []
+        self.ls_faults: list[BaseException] = []
+        self.stall = 0.0
+        self.opens = 0
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        self.opens += 1
+        time.sleep(self.stall)
+        if self.open_faults:
+            raise self.open_faults.pop(0)
+        return super()._open(path, mode, **kwargs)
+
+    def ls(self, path: str, detail: bool = False, **kwargs: Any) -> Any:
+        if self.ls_faults:
+            raise self.ls_faults.pop(0)
+        return super().ls(path, detail=detail, **kwargs)
+
+
+def faulty_set(tmp_path: Path, **kwargs: Any) -> tuple[ParquetRefSet, FaultyFS]:
+    """Array ``a``: 6 chunks in records of 2, record 1 absent (its chunks do not exist)."""
+    root = tmp_path / "faulty.parq"
+    write_set(root, {"a/.zarray": zarray([6], [1])}, record_size=2)
+    for record in (0, 2):
+        write_record(root / "a" / f"refs.{record}.parq", ["f", "f"], [0, 1], [1, 1])
+    fs = FaultyFS()
+    rs = ParquetRefSet.open(fs, str(root), resolve=str, mtime=0, **kwargs)
+    fs.opens = 0  # .zmetadata
+    return rs, fs
+
+
+def test_store_failures_are_retried_then_fetch_errors(tmp_path: Path) -> None:
+    rs, fs = faulty_set(tmp_path)
+    # fewer failures than attempts, of types no store should raise: retried, then served
+    fs.open_faults = [RuntimeError("boom"), KeyError("odd")]
+    assert file_id(rs, "a/0") is not None and fs.opens == 3
+    # as many failures as attempts: an I/O error for its keys, naming file and cause
+    fs.open_faults = [ZeroDivisionError("weird")] * 3
+    with pytest.raises(FetchError, match=r"a/refs\.2\.parq: ZeroDivisionError: weird \(3 "):
+        file_id(rs, "a/4")
+    # not remembered: the next lookup reads again
+    assert file_id(rs, "a/5") is not None
+    # the store says "no such file" but lists it: gone for now, an I/O error, not absent
+    rs, fs2 = faulty_set(tmp_path)
+    fs2.open_faults = [FileNotFoundError("gone")] * 3
+    with pytest.raises(FetchError, match="no such file, and its directory does not say"):
+        file_id(rs, "a/4")
+    # absent, and the listing agrees: no such key
+    assert file_id(rs, "a/2") is None and file_id(rs, "a/3") is None
+
+
+def test_a_failing_listing_is_a_fetch_error_until_it_answers(tmp_path: Path) -> None:
+    rs, fs = faulty_set(tmp_path)
+    fs.ls_faults = [ConnectionResetError("reset")] * 3
+    with pytest.raises(FetchError, match=r"listing .*ConnectionResetError: reset"):
+        names(rs, "a")
+    assert names(rs, "a") == [".zarray", "0", "1", "4", "5"]
+
+
+def test_a_stalled_load_fails_its_waiters_at_the_deadline_and_is_joined(tmp_path: Path) -> None:
+    """A record load that stalls answers every waiter with an I/O error at the deadline;
+    lookups meanwhile join the load rather than start another; its result, when it comes,
+    is kept."""
+    rs, fs = faulty_set(tmp_path, load_timeout=0.5)
+    fs.stall = 2.0
+    failures: list[float] = []
+
+    async def lookup() -> None:
+        started = time.monotonic()
+        with pytest.raises(FetchError, match=r"not loaded within 0\.5 s"):
+            await rs.find_file("a/0")
+        failures.append(time.monotonic() - started)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(lookup)
+        await lookup()  # the first load still runs: joined, not restarted
+        await trio.sleep(2.5)  # ... and then kept
+
+    trio.run(main)
+    assert len(failures) == 6 and max(failures) < 1.5
+    assert fs.opens == 1
+    fs.stall = 0.0
+    assert file_id(rs, "a/0") is not None and fs.opens == 1
+
+
+def test_a_listing_loads_records_as_it_goes(tmp_path: Path) -> None:
+    """Each resumed listing loads only the records its entries need."""
+    root = tmp_path / "wide.parq"
+    write_set(root, {"a/.zarray": zarray([10**7], [1])}, record_size=1000)
+    for record in range(50):
+        write_record(root / "a" / f"refs.{record}.parq", ["f"] * 3, [0, 1, 2], [1] * 3)
+    rs = ParquetRefSet.open(LocalFileSystem(), str(root), resolve=str, mtime=0)
+    first = listing(rs, "a", limit=4)
+    assert [c.name for c in first[:4]] == [".zarray", "0", "1", "2"]
+    assert rs.record_reads == 1
+    more = listing(rs, "a", first[3].cursor, limit=6)
+    assert [c.name for c in more[:6]] == ["1000", "1001", "1002", "2000", "2001", "2002"]
+    assert rs.record_reads == 3
+    assert len(listing(rs, "a")) == 1 + 150 and rs.record_reads == 50

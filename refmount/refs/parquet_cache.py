@@ -55,9 +55,6 @@ class CostLRU(Generic[K, V]):
         self._items[key] = value
         self.bytes += cost
 
-    def values(self) -> list[V]:
-        return list(self._items.values())
-
     def __len__(self) -> int:
         return len(self._items)
 
@@ -84,9 +81,6 @@ class SingleFlight(Generic[K]):
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._flights: dict[K, _Flight] = {}
         self._lock = threading.Lock()
-
-    def running(self, key: K) -> bool:
-        return key in self._flights
 
     async def run(
         self,

@@ -182,10 +182,6 @@ class ParquetRefSet(RefSet):
         record_no, row = divmod(index, self.record_size)
         return self._row_ref(file_id, self._held(arr, record_no, file_id), row)
 
-    def file_size(self, file_id: int) -> int | None:
-        ref = self.ref(file_id)
-        return len(ref.data) if ref.data is not None else ref.length
-
     def key(self, file_id: int) -> str:
         if 0 <= file_id < len(self._meta_keys):
             return self._meta_keys[file_id]

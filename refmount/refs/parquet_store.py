@@ -2,7 +2,9 @@
 
 Only the ``async`` methods read anything, each in a worker thread (see
 ``parquet_cache``), under the set's load deadline; the synchronous ones answer from what
-is held and never touch the store.
+is held and never touch the store.  Memory: the LRU's budget, plus the two records handed
+out last, plus at most ``WORKERS`` record files being read (each at most the record
+budget plus ``_FILE_SLACK``) and one being decoded.
 
 What a failure means for the keys of a record file:
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import bisect
 import logging
 import re
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -118,6 +121,8 @@ class RecordStore:
         #: array index -> record numbers whose files exist (None: cannot be listed)
         self._listed: dict[int, list[int] | None] = {}
         self._loads: SingleFlight[object] = SingleFlight(WORKERS)
+        #: one record decoded at a time: a decode's memory is the budget's, not WORKERS'
+        self._decoding = threading.Lock()
         self.warn_once = WarnOnce()
         #: record files opened so far (tests and statistics)
         self.reads = 0
@@ -202,14 +207,15 @@ class RecordStore:
         from refmount.refs.parquet_records import DECODE_ERRORS, RecordTooLarge, decode
 
         try:
-            return decode(
-                data,
-                path,
-                self._resolve_one,
-                self.warn_once,
-                max_rows=self.record_size,
-                max_bytes=self.record_bytes,
-            )
+            with self._decoding:
+                return decode(
+                    data,
+                    path,
+                    self._resolve_one,
+                    self.warn_once,
+                    max_rows=self.record_size,
+                    max_bytes=self.record_bytes,
+                )
         except RecordTooLarge as exc:
             return self._failed(path, f"over the record budget: {exc}")
         except DECODE_ERRORS as exc:

@@ -177,10 +177,10 @@ class RecordStore:
             return None
         if isinstance(entry, Failed):
             raise FetchError(entry.message)
-        self._recent[key] = entry
-        self._recent.move_to_end(key)
-        while len(self._recent) > _RECENT:
-            self._recent.popitem(last=False)
+        if key not in self._recent:
+            self._recent[key] = entry
+            if len(self._recent) > _RECENT:
+                self._recent.popitem(last=False)
         return entry  # type: ignore[no-any-return]
 
     async def list_records(self, arr: ChunkGrid) -> None:

@@ -1,7 +1,8 @@
 """Parquet reference sets (LazyReferenceMapper layout): keys, ids, listings, laziness.
 
-Sets are built for real: with ``kerchunk.df.refs_to_dataframe`` from a JSON refs dict, with
-fsspec's ``LazyReferenceMapper`` + zarr 2, and with pyarrow for hostile rows.
+Sets are built for real: with fsspec's ``LazyReferenceMapper`` (what kerchunk's
+``refs_to_dataframe`` uses) from a JSON refs dict and key by key, and with pyarrow for
+hostile rows.  No zarr.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
-import kerchunk.df
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -30,7 +30,7 @@ from refmount.refs.parquet import NotLoaded, ParquetRefSet
 from refmount.refs.source import is_parquet_refs
 from refmount.refs.values import inline_bytes
 from refmount.tree import ROOT_INODE, Owner, Tree
-from tests.support.parquet_sets import write_record, write_set
+from tests.support.parquet_sets import refs_to_parquet, write_record, write_set
 
 
 class CountingFS(LocalFileSystem):
@@ -109,7 +109,7 @@ def b64(data: bytes) -> str:
     return "base64:" + base64.b64encode(data).decode()
 
 
-# --- (a) a JSON refs dict converted with kerchunk ------------------------------------
+# --- (a) a JSON refs dict converted by LazyReferenceMapper ----------------------------
 
 RECORD_SIZE = 5
 X_GRID = (4, 4)  # shape [7, 10], chunks [2, 3]
@@ -155,15 +155,15 @@ def build_source(tmp_path: Path) -> dict[str, Any]:
     return refs
 
 
-def write_kerchunk(refs: dict[str, Any], out: Path) -> None:
-    """kerchunk/fsspec cannot write ``/``-separated chunk keys (they split on the last
+def write_converted(refs: dict[str, Any], out: Path) -> None:
+    """fsspec cannot write ``/``-separated chunk keys (they split on the last
     ``/``): hand them the same chunk with ``.`` separators, which index identically."""
     spelled = {}
     for key, value in refs.items():
         if key.startswith("n/") and not key.endswith(".zarray"):
             key = "n/" + key[2:].replace("/", ".")
         spelled[key] = value
-    kerchunk.df.refs_to_dataframe(spelled, str(out), record_size=RECORD_SIZE)
+    refs_to_parquet(spelled, out, record_size=RECORD_SIZE)
 
 
 def expected_ref(value: Any, key: str, resolve: Callable[[str], str]) -> Ref:
@@ -181,7 +181,7 @@ def expected_ref(value: Any, key: str, resolve: Callable[[str], str]) -> Ref:
 def kc(tmp_path: Path) -> tuple[ParquetRefSet, dict[str, Any], CountingFS, CountingResolver]:
     refs = build_source(tmp_path)
     out = tmp_path / "refs.parq"
-    write_kerchunk(refs, out)
+    write_converted(refs, out)
     fs = CountingFS()
     resolver = CountingResolver(tmp_path)
     rs = ParquetRefSet.open(fs, str(out), resolve=resolver, mtime=1234.5)
@@ -876,7 +876,7 @@ def test_lookups_load_in_a_thread_once(kc) -> None:
     assert rs.record_reads == reads
 
 
-# --- (b) written by fsspec's LazyReferenceMapper through zarr -------------------------
+# --- (b) written by fsspec's LazyReferenceMapper key by key -------------------------
 
 
 class RefMapping(Mapping[str, bytes]):

@@ -7,10 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
-import kerchunk.df
-
 from tests.data_builders import kerchunk_refs, ref_map, write_netcdf
-from tests.support.parquet_sets import write_record, write_set, zarray
+from tests.support.parquet_sets import refs_to_parquet, write_record, write_set, zarray
 
 
 def tree_of(root: Path) -> dict[str, tuple[str, int]]:
@@ -32,7 +30,7 @@ def test_json_and_parquet_mounts_are_identical(tmp_path: Path, mount) -> None:
     json_path = tmp_path / "refs.json"
     json_path.write_text(json.dumps(refs))
     parquet_dir = tmp_path / "refs.parq"
-    kerchunk.df.refs_to_dataframe(refs, str(parquet_dir), record_size=7)
+    refs_to_parquet(refs, parquet_dir, record_size=7)
     assert len(list(parquet_dir.rglob("refs.*.parq"))) > 3  # several records per array
 
     from_json = mount(json_path).mountpoint
@@ -66,7 +64,7 @@ def test_records_load_on_demand_and_never_pandas(tmp_path: Path, mount) -> None:
     nc = write_netcdf(tmp_path / "data.nc")
     refs = kerchunk_refs(nc, f"file://{nc}")
     parquet_dir = tmp_path / "refs.parq"
-    kerchunk.df.refs_to_dataframe(refs, str(parquet_dir), record_size=7)
+    refs_to_parquet(refs, parquet_dir, record_size=7)
     mounted = mount(parquet_dir)
     root = mounted.mountpoint
     maps = Path(f"/proc/{mounted.process.pid}/maps")

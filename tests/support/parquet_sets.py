@@ -69,3 +69,16 @@ def write_ranges(
             [i * chunk for i in range(lo, hi)],
             [chunk] * (hi - lo),
         )
+
+
+def refs_to_parquet(refs: dict[str, Any], out: Path, record_size: int) -> None:
+    """A JSON reference set (version 0 or 1, no templates) written in the Parquet layout
+    by fsspec's own ``LazyReferenceMapper``, as ``kerchunk.df.refs_to_dataframe`` does."""
+    from fsspec.implementations.local import LocalFileSystem
+    from fsspec.implementations.reference import LazyReferenceMapper
+
+    mapper = LazyReferenceMapper.create(str(out), fs=LocalFileSystem(), record_size=record_size)
+    entries = refs.get("refs", refs) if refs.get("version") == 1 else refs
+    for key in sorted(entries):
+        mapper[key] = entries[key]
+    mapper.flush()

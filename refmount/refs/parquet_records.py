@@ -51,8 +51,8 @@ def check_budget(metadata: pq.FileMetaData, max_rows: int, max_bytes: int) -> No
         raise RecordTooLarge(f"{metadata.num_rows} rows, more than the record size {max_rows}")
     if metadata.num_row_groups > MAX_ROW_GROUPS or metadata.num_columns > MAX_COLUMNS:
         raise RecordTooLarge(
-            f"{metadata.num_row_groups} row groups of {metadata.num_columns} columns, more "
-            f"than {MAX_ROW_GROUPS} of {MAX_COLUMNS}"
+            f"{metadata.num_row_groups} row groups and {metadata.num_columns} columns, more "
+            f"than {MAX_ROW_GROUPS} row groups or {MAX_COLUMNS} columns"
         )
     sizes = dict.fromkeys(_COLUMNS, 0)
     for group in range(metadata.num_row_groups):

@@ -80,7 +80,8 @@ def start_refused(refs: Path, mountpoint: Path) -> tuple[int, str, float, int]:
 
 def bomb_set(root: Path) -> Path:
     """Arrays ``rows`` (a row bomb), ``raw`` (an inline-data bomb), ``groups`` (5000 row
-    groups) and ``good`` (one inline chunk), record size 10,000."""
+    groups), ``paths`` (70 MB of distinct paths) and ``good`` (one inline chunk), record
+    size 10,000."""
     write_set(
         root,
         {
@@ -88,6 +89,7 @@ def bomb_set(root: Path) -> Path:
             "rows/.zarray": zarray([10_000], [1]),
             "raw/.zarray": zarray([10_000], [1]),
             "groups/.zarray": zarray([10_000], [1]),
+            "paths/.zarray": zarray([10_000], [1]),
             "good/.zarray": zarray([10_000], [1]),
         },
         record_size=10_000,
@@ -108,6 +110,8 @@ def bomb_set(root: Path) -> Path:
     write_record(
         root / "groups" / "refs.0.parq", ["f"] * 5000, [0] * 5000, [1] * 5000, row_group_size=1
     )
+    long_paths = [f"{i:08d}" + "p" * 100_000 for i in range(700)]  # 70 MB of distinct paths
+    write_record(root / "paths" / "refs.0.parq", long_paths, [0] * 700, [1] * 700)
     write_record(root / "good" / "refs.0.parq", None, None, None, [b"fine"])
     return root
 
@@ -121,6 +125,7 @@ def test_row_and_inline_bombs_are_eio(tmp_path: Path, mount) -> None:
         ("rows", f"{BOMB_ROWS} rows, more than the record size 10000"),
         ("raw", "bytes of inline data, more than"),
         ("groups", "5000 row groups and 3 columns, more than 4096 row groups"),
+        ("paths", "bytes once decompressed, more than 67108864"),
     ]:
         for _ in range(2):  # the second answer comes from memory
             started = time.monotonic()
@@ -215,6 +220,19 @@ def test_an_error_is_decoded_once_for_all_waiters(
     assert len(errors) == 40 and all("a/refs.0.parq: over the record budget" in e for e in errors)
     assert rs.record_reads == 1
     assert sum("refs.0.parq" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_record_file_over_budget_is_refused_by_its_size(tmp_path: Path) -> None:
+    """3 MB of incompressible inline data with a 1 MB budget: refused by the file's size,
+    and again from memory."""
+    root = tmp_path / "big.parq"
+    write_set(root, {"a/.zarray": zarray([4], [1])}, record_size=4)
+    write_record(root / "a" / "refs.0.parq", None, None, None, [os.urandom(3 * MB)])
+    rs = ParquetRefSet.open(LocalFileSystem(), str(root), resolve=str, mtime=0, record_bytes=MB)
+    for _ in range(2):
+        with pytest.raises(FetchError, match=r"parq: over the record budget: 3\d{6} bytes"):
+            trio.run(rs.find_file, "a/0")
+    assert rs.record_reads == 1
 
 
 def test_held_records_are_bounded_with_their_inline_bytes(tmp_path: Path) -> None:

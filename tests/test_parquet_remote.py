@@ -1,52 +1,154 @@
-"""A Parquet reference set read over HTTP: found without directory listings, and a
-stalled record file fails only the keys it holds, within the deadline."""
+"""Parquet reference sets read over HTTP, through a real mount, with the store failing
+after the mount: found without directory listings; a record file or a listing that
+fails (500, 404, reset, stall) fails only the keys it holds, with EIO, retried, within
+the deadline, the daemon alive and right again once the store is."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from pathlib import Path
 
-import kerchunk.df
+import pytest
+
+from tests.support.parquet_sets import write_ranges, write_record, write_set, zarray
 
 CHUNK = 1000
 
 
-def build(root: Path, name: str, data_url: str) -> dict:
-    """A 1-D array of 6 chunks in records of 2, its data in ``data.bin``."""
-    refs = {
-        ".zgroup": json.dumps({"zarr_format": 2}),
-        "x/.zarray": json.dumps({
-            "shape": [6 * CHUNK], "chunks": [CHUNK], "dtype": "|u1", "compressor": None,
-            "fill_value": 0, "filters": None, "order": "C", "zarr_format": 2,
-        }),
-        "x/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["i"]}),
-    }  # fmt: skip
-    for i in range(6):
-        refs[f"x/{i}"] = [data_url, i * CHUNK, CHUNK]
-    kerchunk.df.refs_to_dataframe({"version": 1, "refs": refs}, str(root / name), record_size=2)
-    return refs
+def data_file(http_root: Path, name: str, size: int) -> bytes:
+    data = bytes(range(256)) * (size // 256 + 1)
+    (http_root / name).write_bytes(data)
+    return data
+
+
+def build(http_root: Path, name: str, data_url: str, nchunks: int = 6) -> str:
+    """A 1-D array ``x`` of ``nchunks`` chunks in records of 2; returns the set's name."""
+    root = http_root / name
+    write_set(
+        root,
+        {".zgroup": {"zarr_format": 2}, "x/.zarray": zarray([nchunks * CHUNK], [CHUNK])},
+        record_size=2,
+    )
+    write_ranges(root, "x", data_url, CHUNK, nchunks, record_size=2)
+    return name
+
+
+def run(*argv: str | Path) -> subprocess.CompletedProcess[bytes]:
+    """A command's result, stdout as bytes (chunk contents), stderr as bytes too."""
+    return subprocess.run([str(a) for a in argv], capture_output=True, timeout=120)
+
+
+def assert_eio(*argv: str | Path) -> None:
+    result = run(*argv)
+    assert result.returncode != 0, result.stdout
+    assert b"Input/output error" in result.stderr, result.stderr
 
 
 def test_parquet_over_http_and_a_stalled_record(http, http_root: Path, mount) -> None:
-    data = bytes(range(256)) * (6 * CHUNK // 256 + 1)
-    (http_root / "pq-data.bin").write_bytes(data)
-    build(http_root, "pq.parq", f"{http.url}/pq-data.bin")
-    mounted = mount(f"{http.url}/pq.parq", "--timeout", "2", "--retries", "0")
+    data = data_file(http_root, "pq-data.bin", 6 * CHUNK)
+    name = build(http_root, "pq.parq", f"{http.url}/pq-data.bin")
+    mounted = mount(f"{http.url}/{name}", "--timeout", "2", "--retries", "0")
     root = mounted.mountpoint
     assert sorted(p.name for p in (root / "x").iterdir()) == [
-        ".zarray", ".zattrs", "0", "1", "2", "3", "4", "5",
+        ".zarray", "0", "1", "2", "3", "4", "5",
     ]  # fmt: skip
-    # (listing loaded every record; a fresh mount shows a stall on first use)
     mounted.stop()
-    http.fault("/pq.parq/x/refs.1.parq", "stall", count=-1)
-    root = mount(f"{http.url}/pq.parq", "--timeout", "2", "--retries", "0").mountpoint
+    http.fault(f"/{name}/x/refs.1.parq", "stall", count=-1)
+    root = mount(f"{http.url}/{name}", "--timeout", "2", "--retries", "0").mountpoint
     assert (root / "x" / "0").read_bytes() == data[:CHUNK]  # record 0 answers
     started = time.monotonic()
-    result = subprocess.run(["stat", str(root / "x" / "2")], capture_output=True, text=True)
+    assert_eio("stat", root / "x" / "2")
     elapsed = time.monotonic() - started
-    assert result.returncode != 0
-    assert "Input/output error" in result.stderr
     assert elapsed < 10, f"a stalled record held stat for {elapsed:.1f} s"
     assert (root / "x" / "5").read_bytes() == data[5 * CHUNK : 6 * CHUNK]  # record 2
+
+
+@pytest.mark.parametrize("mode", ["500", "404", "reset"])
+def test_a_failing_record_is_eio_then_recovers(http, http_root: Path, mount, mode: str) -> None:
+    data = data_file(http_root, "pqf-data.bin", 6 * CHUNK)
+    name = build(http_root, f"pqf-{mode}.parq", f"{http.url}/pqf-data.bin")
+    mounted = mount(f"{http.url}/{name}", "--timeout", "10")
+    root = mounted.mountpoint
+    assert (root / "x" / "0").read_bytes() == data[:CHUNK]
+    http.fault(f"/{name}/x/refs.1.parq", mode, count=-1)
+    started = time.monotonic()
+    assert_eio("cat", root / "x" / "2")
+    assert_eio("stat", root / "x" / "3")
+    assert time.monotonic() - started < 20
+    assert mounted.process.poll() is None
+    # the other records still answer, and so does the failed one once the store does
+    assert run("cat", root / "x" / "5").stdout == data[5 * CHUNK : 6 * CHUNK]
+    http.clear_faults()
+    assert (root / "x" / "2").read_bytes() == data[2 * CHUNK : 3 * CHUNK]
+    assert (root / "x" / "3").stat().st_size == CHUNK
+    assert mounted.process.poll() is None
+    assert "refs.1.parq" in mounted.log()
+
+
+def test_a_transient_record_error_is_retried(http, http_root: Path, mount) -> None:
+    data = data_file(http_root, "pqt-data.bin", 6 * CHUNK)
+    name = build(http_root, "pqt.parq", f"{http.url}/pqt-data.bin")
+    root = mount(f"{http.url}/{name}", "--timeout", "10").mountpoint
+    http.fault(f"/{name}/x/refs.2.parq", "500", count=2)
+    assert run("cat", root / "x" / "4").stdout == data[4 * CHUNK : 5 * CHUNK]
+    assert http.stats()["faults_left"] == []
+
+
+def test_a_failing_listing_is_eio_then_recovers(http, http_root: Path, mount) -> None:
+    data = data_file(http_root, "pql-data.bin", 6 * CHUNK)
+    name = build(http_root, "pql.parq", f"{http.url}/pql-data.bin")
+    mounted = mount(f"{http.url}/{name}", "--timeout", "10")
+    root = mounted.mountpoint
+    http.fault(f"/{name}/x", "500", count=-1)
+    assert_eio("ls", root / "x")
+    # a lookup needs no listing
+    assert (root / "x" / "1").read_bytes() == data[CHUNK : 2 * CHUNK]
+    http.clear_faults()
+    assert run("ls", root / "x").stdout.split() == [b"0", b"1", b"2", b"3", b"4", b"5"]
+    assert mounted.process.poll() is None
+
+
+def test_a_listing_of_a_huge_grid_does_not_stall_lookups(http, http_root: Path, mount) -> None:
+    """An `ls` of a 10**7-chunk array over a store that cannot list loads its records one
+    readdir call at a time, in worker threads: while one stalls, another array's chunk
+    answers at once; the listing ends with EIO at the deadline."""
+    data = data_file(http_root, "pqb-data.bin", 4 * CHUNK)
+    url = f"{http.url}/pqb-data.bin"
+    root_dir = http_root / "pqb.parq"
+    size = 100_000
+    write_set(
+        root_dir,
+        {"big/.zarray": zarray([10**7], [1]), "y/.zarray": zarray([4 * CHUNK], [CHUNK])},
+        record_size=size,
+    )
+    for record in range(8):  # short records: 3 chunks each
+        write_record(root_dir / "big" / f"refs.{record}.parq", [url] * 3, [0, 1, 2], [1] * 3)
+    write_ranges(root_dir, "y", url, CHUNK, 4, record_size=size)
+    http.fault("/pqb.parq/big/refs.5.parq", "stall", count=-1)
+    mounted = mount(f"{http.url}/pqb.parq", "--timeout", "8")
+    root = mounted.mountpoint
+    listing = subprocess.Popen(
+        ["ls", "-U", "-1", str(root / "big")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(1.5)
+        started = time.monotonic()
+        result = run("stat", "-c", "%s", root / "y" / "2")
+        elapsed = time.monotonic() - started
+        assert listing.poll() is None, "the listing should still wait on the stalled record"
+        assert result.stdout.strip() == str(CHUNK).encode()
+        assert elapsed < 4, f"a lookup waited {elapsed:.1f} s behind a listing"
+        out, err = listing.communicate(timeout=60)
+    finally:
+        if listing.poll() is None:
+            listing.kill()
+            listing.wait()
+    assert listing.returncode != 0 and "Input/output error" in err
+    shown = out.split()
+    assert shown[:15] == [str(r * size + i) for r in range(5) for i in range(3)]
+    assert (root / "y" / "3").read_bytes() == data[3 * CHUNK : 4 * CHUNK]
+    assert mounted.process.poll() is None

@@ -10,6 +10,10 @@ row has any.  A column whose rows all hold one value (every row served, one data
 one chunk size: common in regularly chunked data) is a zero-stride view of that value.
 So 100k rows cost at most about 1.5 MB and often a few hundred kB, never a Python object
 per row.
+
+A record file is measured before it is decoded: its footer says how many rows it has and
+how many bytes its columns take once decompressed, and a file over the budget is refused
+(:class:`RecordTooLarge`) without decompressing anything.
 """
 
 from __future__ import annotations
@@ -27,8 +31,41 @@ _INT64_MAX = (1 << 63) - 1
 _RECORD_OVERHEAD = 512
 _COLUMNS = ("path", "offset", "size", "raw")
 
+#: row groups and columns a record file may have: each is a loop turn in the check
+MAX_ROW_GROUPS = 4096
+MAX_COLUMNS = 256
+
 #: what decoding a malformed record file raises
 DECODE_ERRORS = (pa.ArrowException, ValueError, TypeError, OSError, KeyError, IndexError)
+
+
+class RecordTooLarge(Exception):
+    """A record file that would take more rows or bytes than a record may."""
+
+
+def check_budget(metadata: pq.FileMetaData, max_rows: int, max_bytes: int) -> None:
+    """Refuse a record file whose footer announces more than ``max_rows`` rows, or more
+    than ``max_bytes`` decompressed bytes in the columns refmount reads (inline data and
+    paths included): before anything is decompressed."""
+    if metadata.num_rows > max_rows:
+        raise RecordTooLarge(f"{metadata.num_rows} rows, more than the record size {max_rows}")
+    if metadata.num_row_groups > MAX_ROW_GROUPS or metadata.num_columns > MAX_COLUMNS:
+        raise RecordTooLarge(
+            f"{metadata.num_row_groups} row groups and {metadata.num_columns} columns, more "
+            f"than {MAX_ROW_GROUPS} row groups or {MAX_COLUMNS} columns"
+        )
+    sizes = dict.fromkeys(_COLUMNS, 0)
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for index in range(row_group.num_columns):
+            column = row_group.column(index)
+            if column.path_in_schema in sizes:
+                sizes[column.path_in_schema] += column.total_uncompressed_size
+    if sizes["raw"] > max_bytes:
+        raise RecordTooLarge(f"{sizes['raw']} bytes of inline data, more than {max_bytes}")
+    total = sum(sizes.values())
+    if total > max_bytes:
+        raise RecordTooLarge(f"{total} bytes once decompressed, more than {max_bytes}")
 
 
 def _held_bytes(values: np.ndarray) -> int:
@@ -82,6 +119,13 @@ class Record:
             + sum(len(u) for u in urls if u is not None)
         )
 
+    def any_in(self, lo: int, hi: int) -> bool:
+        """Whether a row in ``[lo, hi)`` is served."""
+        hi = min(hi, len(self.served))
+        if lo >= hi:
+            return False
+        return self.dense or bool(self.served[lo:hi].any())
+
     def has(self, row: int) -> bool:
         if self.dense:
             return 0 <= row < len(self.served)
@@ -113,12 +157,17 @@ def decode(
     path: str,
     resolve: Callable[[str | None, str], str | None],
     warn: Callable[..., None],
+    *,
+    max_rows: int,
+    max_bytes: int,
 ) -> Record:
-    """A record file's bytes as a :class:`Record`; raises one of ``DECODE_ERRORS`` when
-    they are not a usable record.  ``resolve(target, path)`` is a row path as a URL (None
-    when unusable); ``warn(tag, message, *args)`` logs once per tag."""
+    """A record file's bytes as a :class:`Record`; raises :class:`RecordTooLarge` when
+    over the budget (see :func:`check_budget`), one of ``DECODE_ERRORS`` when they are not
+    a usable record.  ``resolve(target, path)`` is a row path as a URL (None when
+    unusable); ``warn(tag, message, *args)`` logs once per tag."""
     buffer = pa.BufferReader(data)
     metadata = pq.read_metadata(buffer)
+    check_budget(metadata, max_rows, max_bytes)
     names = set(metadata.schema.to_arrow_schema().names)
     parquet_file = pq.ParquetFile(
         buffer, metadata=metadata, read_dictionary=["path"] if "path" in names else None

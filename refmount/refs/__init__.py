@@ -6,7 +6,7 @@ import contextlib
 import ctypes
 import importlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from refmount.errors import RefsError
@@ -31,17 +31,24 @@ def open_refset(
     remote_protocol: str | None = None,
     allow_local: bool = False,
     timeout: float = 60.0,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> RefSet:
     """Read and validate the reference set at ``url`` (a JSON file, plain or compressed,
     or a Parquet reference directory), raising :class:`RefsError` with the reason.
-    ``timeout`` bounds each later load of a lazily read part (a Parquet record file)."""
+    ``timeout`` bounds each later load of a lazily read part (a Parquet record file).
+    ``progress(stage, keys, nbytes)`` hears of each stage (reading, parsing, indexing,
+    loaded) with the keys and bytes known so far."""
+    report = progress or _no_progress
+    report("reading", 0, 0)
     fs, path = filesystem_for(url, storage_options or {})
     resolve = UrlResolver(url, remote_protocol=remote_protocol, allow_local=allow_local)
     if is_parquet_refs(fs, path):
         from refmount.refs.parquet import ParquetRefSet
 
         mtime = modification_time(fs, f"{path.rstrip('/')}/.zmetadata")
-        return ParquetRefSet.open(fs, path, resolve=resolve, mtime=mtime, load_timeout=timeout)
+        refset = ParquetRefSet.open(fs, path, resolve=resolve, mtime=mtime, load_timeout=timeout)
+        report("loaded", 0, 0)
+        return refset
     mtime = modification_time(fs, path)
     if _is_directory(fs, path):
         raise RefsError(f"{url}: a directory without .zmetadata is not a reference set")
@@ -51,6 +58,8 @@ def open_refset(
     from refmount.refs import jsonsplit
 
     raw = read_refs_bytes(fs, path)
+    nbytes = len(raw)
+    report("parsing", 0, nbytes)
     with jsonsplit.collector_paused():
         parts = jsonsplit.parse_in_parts(raw, meanwhile=_import_table)
         from refmount.refs import jsonrefs
@@ -59,11 +68,17 @@ def open_refset(
         columns = jsonrefs.load(raw, url, resolve, parts)
     del raw, parts
     table = columns.table()
+    report("indexing", table.num_rows, nbytes)
     refset = TableRefSet(table, columns.urls, mtime=mtime, name=url)
     del table, columns
     _release_freed_memory()
     log.info("%s: %d keys referencing %d remote files", url, len(refset), len(refset.urls))
+    report("loaded", len(refset), nbytes)
     return refset
+
+
+def _no_progress(stage: str, keys: int, nbytes: int) -> None:
+    pass
 
 
 def _import_table() -> None:

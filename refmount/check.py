@@ -25,7 +25,7 @@ from fsspec.core import split_protocol
 
 from refmount.display import display_url
 from refmount.errors import FetchError, RefsError
-from refmount.fetch import LOCAL_PROTOCOLS, Fetcher, FetchPolicy
+from refmount.fetch import LOCAL_PROTOCOLS, Fetcher, FetchPolicy, redact
 from refmount.refs import Ref, RefSet, open_refset
 
 
@@ -65,7 +65,7 @@ class Report:
     range_keys: int = 0
     range_bytes: int = 0  # bytes the byte-range keys reference
     whole_file_keys: int = 0
-    #: protocol -> host -> {"files": distinct URLs, "keys": keys pointing there}
+    #: protocol -> host -> {"files": distinct redacted URLs, "keys": keys pointing there}
     targets: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     probes: list[Probe] | None = None
@@ -172,7 +172,7 @@ def _walk(refset: RefSet, report: Report, keep: int, rng: random.Random) -> list
             sample[slot] = (key, ref)
     for (protocol, host), urls in sorted(urls_by_host.items()):
         report.targets.setdefault(protocol, {})[host] = {
-            "files": len(urls),
+            "files": len({redact(url) for url in urls}),  # a signed URL's query is no new file
             "keys": keys_by_host[protocol, host],
         }
     return sample

@@ -50,11 +50,12 @@ def socket_dir(uid: int) -> Path:
     return Path(tempfile.gettempdir()) / f"refmount-{uid}"
 
 
-def socket_path(mountpoint: str, uid: int) -> Path:
-    """The control socket of the daemon user ``uid`` runs on ``mountpoint``: named by a
-    digest of the real path (a socket path may not exceed 107 bytes)."""
-    real = os.path.realpath(mountpoint).encode("utf-8", "surrogateescape")
-    return socket_dir(uid) / f"{hashlib.sha256(real).hexdigest()[:32]}.sock"
+def socket_path(real_mountpoint: str, uid: int) -> Path:
+    """The control socket of the daemon user ``uid`` runs on ``real_mountpoint`` (a real
+    path, as /proc/mounts shows it): named by a digest of it, since a socket's path may
+    not exceed 107 bytes."""
+    digest = hashlib.sha256(real_mountpoint.encode("utf-8", "surrogateescape")).hexdigest()
+    return socket_dir(uid) / f"{digest[:32]}.sock"
 
 
 class CacheStats(Protocol):

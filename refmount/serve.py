@@ -79,15 +79,16 @@ class Daemon:
         owner = Owner(config.uid, config.gid, config.umask)
         tree = Tree(refset, owner, fetcher.size, fetcher.known_size)
         operations = Operations(tree, cache, fetcher.stats, xattrs=config.xattrs)
+        mountpoint = os.path.realpath(config.mountpoint)
         state = MountState(
             refs=display_url(config.refs),
-            mountpoint=os.path.realpath(config.mountpoint),
+            mountpoint=mountpoint,
             fetch=fetcher.stats,
             cache=cache,
             keys=lambda: _key_count(operations.tree.refset),
         )
         operations.read = state.reads.counting(operations.read)  # type: ignore[method-assign]
-        control = ControlServer(socket_path(config.mountpoint, os.geteuid()), state)
+        control = ControlServer(socket_path(mountpoint, os.geteuid()), state)
         return cls(config, operations, cache, control)
 
     def run(self, ready: Callable[[], None], on_error: Callable[[str], None] | None) -> int:

@@ -46,16 +46,23 @@ def _unescape(field: str) -> str:
 
 
 def find_mount(path: str, mounts: str = "/proc/mounts") -> MountEntry | None:
-    """The last mount on ``path`` (the one visible there), or None."""
-    target = os.path.realpath(path)
-    found = None
+    """The last mount on ``path`` (the one visible there), or None.
+
+    The path's directory is resolved, but not the path itself at first: resolving it
+    would ask the mount's own daemon (an ``lstat`` of its root), which may hang."""
     with open(mounts, encoding="utf-8", errors="surrogateescape") as table:
-        for line in table:
-            fields = line.split()
+        entries = [line.split() for line in table]
+    parent, name = os.path.split(os.path.abspath(path))
+    candidates = [os.path.join(os.path.realpath(parent), name), os.path.realpath(path)]
+    for target in candidates:
+        found = None
+        for fields in entries:
             if len(fields) >= 4 and _unescape(fields[1]) == target:
                 options = tuple(fields[3].split(","))
                 found = MountEntry(_unescape(fields[0]), target, fields[2], options)
-    return found
+        if found is not None:
+            return found
+    return None
 
 
 def query(path: Path, timeout: float = QUERY_SECONDS) -> dict[str, Any]:
@@ -91,6 +98,10 @@ def mount_status(mountpoint: str) -> dict[str, Any]:
         raise StatusError(
             f"the daemon of {entry.target} does not answer at {path}: it is gone; "
             f"clear the mount with: fusermount3 -u -z {entry.target}"
+        ) from None
+    except TimeoutError:
+        raise StatusError(
+            f"the daemon of {entry.target} did not answer within {QUERY_SECONDS:g} s (hung?)"
         ) from None
     except PermissionError:
         raise StatusError(

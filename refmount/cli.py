@@ -158,7 +158,13 @@ def status_parser() -> argparse.ArgumentParser:
         "the reference set, since when it is mounted and its last reload.",
     )
     p.add_argument("mountpoint", help="where the reference set is mounted")
-    p.add_argument("--json", action="store_true", help="print the status as JSON")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="print the status as JSON")
+    shown.add_argument(
+        "--pid",
+        action="store_true",
+        help='print only the daemon\'s process id (kill -HUP "$(refmount status --pid M)")',
+    )
     return p
 
 
@@ -171,5 +177,8 @@ def run_status(argv: list[str]) -> int:
     except StatusError as exc:
         print(f"refmount status: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(status, indent=2, sort_keys=True) if args.json else render(status))
+    if args.pid:
+        print(status["pid"])
+    else:
+        print(json.dumps(status, indent=2, sort_keys=True) if args.json else render(status))
     return 0

@@ -18,6 +18,7 @@ import time
 from types import TracebackType
 from typing import TextIO
 
+from refmount.fetch import redact
 from refmount.notify import notify
 
 #: how often the heartbeat speaks, seconds
@@ -36,7 +37,7 @@ class LoadProgress:
     """
 
     def __init__(self, name: str, *, terminal: TextIO | None, systemd: bool) -> None:
-        self.name = name
+        self.name = redact(name)  # shown on terminals and in the journal
         self.terminal = terminal
         self.systemd = systemd
         self.stage = "reading"

@@ -3,6 +3,7 @@ what their comments say, and loading reports progress to systemd and to a termin
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pty
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from refmount.options import parse_args
+from refmount.progress import LoadProgress
 from tests.conftest import REFMOUNT, is_mounted, unmount
 
 ROOT = Path(__file__).parent.parent
@@ -263,3 +265,35 @@ def test_progress_line_on_a_terminal_only(many_keys: Path, mountpoint: Path) -> 
         [*REFMOUNT, "check", str(many_keys)], capture_output=True, text=True, timeout=60
     )
     assert piped.returncode == 0 and piped.stderr == ""  # no terminal, no progress line
+
+
+def test_progress_redacts_and_reports_a_failed_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    address = str(tmp_path / "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(address)
+    listener.settimeout(10)
+    monkeypatch.setenv("NOTIFY_SOCKET", address)
+    terminal = io.StringIO()
+    secret = "https://user:pw@example.org/refs.json?sig=s3cr3t"
+    with (
+        pytest.raises(RuntimeError),
+        LoadProgress(secret, terminal=terminal, systemd=True) as progress,
+    ):
+        progress("parsing", 0, 5_000_000)
+        progress("indexing", 1234, 5_000_000)
+        raise RuntimeError("the load failed")
+    messages = []
+    with listener:
+        while not messages or not messages[-1].startswith("STATUS=loading failed"):
+            messages.append(listener.recv(4096).decode())
+    assert messages[0].endswith("\nEXTEND_TIMEOUT_USEC=120000000")
+    assert any(
+        m.startswith("STATUS=loading: 1,234 keys, 5.0 MB read (indexing, ") for m in messages
+    )
+    assert messages[-1] == "STATUS=loading failed from https://example.org/refs.json"
+    shown = terminal.getvalue()
+    assert "refmount: https://example.org/refs.json: loading: 5.0 MB read (parsing, " in shown
+    assert shown.endswith("\r\x1b[K")  # the line is cleared at the end
+    assert "pw" not in shown + "".join(messages) and "s3cr3t" not in shown + "".join(messages)

@@ -146,8 +146,7 @@ def check(options: CheckOptions, progress: Any = None) -> Report:
 def _walk(refset: RefSet, report: Report, keep: int, rng: random.Random) -> list[tuple[str, Ref]]:
     """Count every key and directory; return up to ``keep`` targets drawn uniformly at
     random from the keys that have one (reservoir sampling, in the walk's stable order)."""
-    urls_by_host: dict[tuple[str, str], set[str]] = defaultdict(set)
-    keys_by_host: Counter[tuple[str, str]] = Counter()
+    keys_by_url: Counter[str] = Counter()  # many keys share a URL: hosts are parsed per URL
     sample: list[tuple[str, Ref]] = []
     seen = 0
     for key, ref in _files(refset, report):
@@ -162,19 +161,21 @@ def _walk(refset: RefSet, report: Report, keep: int, rng: random.Random) -> list
         else:
             report.range_keys += 1
             report.range_bytes += ref.length
-        where = _protocol_and_host(ref.url)
-        urls_by_host[where].add(ref.url)
-        keys_by_host[where] += 1
+        keys_by_url[ref.url] += 1
         seen += 1
         if len(sample) < keep:
             sample.append((key, ref))
         elif keep and (slot := rng.randrange(seen)) < keep:
             sample[slot] = (key, ref)
-    for (protocol, host), urls in sorted(urls_by_host.items()):
-        report.targets.setdefault(protocol, {})[host] = {
-            "files": len({redact(url) for url in urls}),  # a signed URL's query is no new file
-            "keys": keys_by_host[protocol, host],
-        }
+    files: dict[tuple[str, str], set[str]] = defaultdict(set)
+    keys: Counter[tuple[str, str]] = Counter()
+    for url, count in keys_by_url.items():
+        where = _protocol_and_host(url)
+        files[where].add(redact(url))  # a signed URL's query is no new file
+        keys[where] += count
+    for protocol, host in sorted(files):
+        counts = {"files": len(files[protocol, host]), "keys": keys[protocol, host]}
+        report.targets.setdefault(protocol, {})[host] = counts
     return sample
 
 

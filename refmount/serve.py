@@ -124,9 +124,13 @@ class Daemon:
 
     async def _announce_when_ready(self, ready: Callable[[], None]) -> None:
         """Signal readiness once the mount answers (a stat through FUSE, from a thread so
-        that this loop can serve it), after tuning the kernel's read-ahead."""
+        that this loop can serve it), after tuning the kernel's read-ahead.
+
+        The stat is abandoned when a stop comes first: once the loop stops reading
+        requests nobody answers it, and a wait for the thread would keep the daemon from
+        closing the session, which is what ends the stat (and the kernel's wait)."""
         mountpoint = self.config.mountpoint
-        await trio.to_thread.run_sync(os.stat, mountpoint)
+        await trio.to_thread.run_sync(os.stat, mountpoint, abandon_on_cancel=True)
         await trio.to_thread.run_sync(
             lambda: tune_kernel(
                 mountpoint,

@@ -12,10 +12,13 @@ import pyfuse3
 import trio
 
 from refmount.cache import BlockCache
+from refmount.control import ControlServer, MountState, socket_path
+from refmount.display import display_url
 from refmount.fetch import Fetcher, FetchPolicy
 from refmount.fuse_ops import Operations
 from refmount.notify import notify
 from refmount.options import Config
+from refmount.progress import LoadProgress
 from refmount.refs import open_refset
 from refmount.tree import Owner, Tree
 from refmount.tuning import tune_kernel
@@ -49,17 +52,20 @@ class Daemon:
     config: Config
     operations: Operations
     cache: BlockCache
+    control: ControlServer
 
     @classmethod
     def load(cls, config: Config) -> Daemon:
         notify("STATUS=loading the reference set")
-        refset = open_refset(
-            config.refs,
-            storage_options=config.refs_options,
-            remote_protocol=config.remote_protocol,
-            allow_local=config.allow_local,
-            timeout=config.timeout,
-        )
+        with LoadProgress.for_command(config.refs) as progress:
+            refset = open_refset(
+                config.refs,
+                storage_options=config.refs_options,
+                remote_protocol=config.remote_protocol,
+                allow_local=config.allow_local,
+                timeout=config.timeout,
+                progress=progress,
+            )
         fetcher = Fetcher(
             remote_options=config.remote_options,
             policy=FetchPolicy(
@@ -73,7 +79,17 @@ class Daemon:
         owner = Owner(config.uid, config.gid, config.umask)
         tree = Tree(refset, owner, fetcher.size, fetcher.known_size)
         operations = Operations(tree, cache, fetcher.stats, xattrs=config.xattrs)
-        return cls(config, operations, cache)
+        mountpoint = os.path.realpath(config.mountpoint)
+        state = MountState(
+            refs=display_url(config.refs),
+            mountpoint=mountpoint,
+            fetch=fetcher.stats,
+            cache=cache,
+            keys=lambda: _key_count(operations.tree.refset),
+        )
+        operations.read = state.reads.counting(operations.read)  # type: ignore[method-assign]
+        control = ControlServer(socket_path(mountpoint, os.geteuid()), state)
+        return cls(config, operations, cache, control)
 
     def run(self, ready: Callable[[], None], on_error: Callable[[str], None] | None) -> int:
         mountpoint = self.config.mountpoint
@@ -98,6 +114,7 @@ class Daemon:
     async def _main(self, ready: Callable[[], None]) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.cache.run)
+            await nursery.start(self.control.run)
             nursery.start_soon(self._stop_on_signals, nursery.cancel_scope)
             nursery.start_soon(self._announce_when_ready, ready)
             # Requests in flight may exceed the kernel's background limit (reads) plus
@@ -107,9 +124,13 @@ class Daemon:
 
     async def _announce_when_ready(self, ready: Callable[[], None]) -> None:
         """Signal readiness once the mount answers (a stat through FUSE, from a thread so
-        that this loop can serve it), after tuning the kernel's read-ahead."""
+        that this loop can serve it), after tuning the kernel's read-ahead.
+
+        The stat is abandoned when a stop comes first: once the loop stops reading
+        requests nobody answers it, and a wait for the thread would keep the daemon from
+        closing the session, which is what ends the stat (and the kernel's wait)."""
         mountpoint = self.config.mountpoint
-        await trio.to_thread.run_sync(os.stat, mountpoint)
+        await trio.to_thread.run_sync(os.stat, mountpoint, abandon_on_cancel=True)
         await trio.to_thread.run_sync(
             lambda: tune_kernel(
                 mountpoint,
@@ -134,3 +155,8 @@ class Daemon:
                 log.warning("requests still in flight after %g s: cancelling them", STOP_GRACE)
                 scope.cancel()
                 return
+
+
+def _key_count(refset: object) -> int | None:
+    """Keys of a set held in memory; None for one loaded lazily (Parquet)."""
+    return len(refset) if hasattr(refset, "__len__") else None

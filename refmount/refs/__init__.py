@@ -6,7 +6,7 @@ import contextlib
 import ctypes
 import importlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from refmount.errors import RefsError
@@ -28,6 +28,7 @@ def open_refset(
     allow_local: bool = False,
     timeout: float = 60.0,
     max_refs_bytes: int = DEFAULT_MAX_REFS_BYTES,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> RefSet:
     """Read and validate the reference set at ``url`` (a JSON file, plain or compressed,
     or a Parquet reference directory), raising :class:`RefsError` with the reason.
@@ -35,10 +36,18 @@ def open_refset(
     Finding and reading it fails when the store stays silent for ``timeout`` seconds;
     ``timeout`` also bounds each later load of a lazily read part (a Parquet record
     file).  A JSON file may hold at most ``max_refs_bytes``, compressed or not.  Messages
-    never show credentials of a URL (``user:pass@``, query strings)."""
+    never show credentials of a URL (``user:pass@``, query strings).
+    ``progress(stage, keys, nbytes)`` hears of each stage (reading, parsing, indexing,
+    loaded) with the keys and bytes known so far."""
     try:
         return _open(
-            url, storage_options or {}, remote_protocol, allow_local, timeout, max_refs_bytes
+            url,
+            storage_options or {},
+            remote_protocol,
+            allow_local,
+            timeout,
+            max_refs_bytes,
+            progress or _no_progress,
         )
     except RefsError as exc:
         raise RefsError(redact_text(str(exc))) from None
@@ -51,8 +60,10 @@ def _open(
     allow_local: bool,
     timeout: float,
     max_refs_bytes: int,
+    report: Callable[[str, int, int], None],
 ) -> RefSet:
     name = redact_url(url)
+    report("reading", 0, 0)
     fs, path = source.filesystem_for(url, options, name)
     resolve = UrlResolver(url, remote_protocol=remote_protocol, allow_local=allow_local)
     found = source.within_deadline(
@@ -63,19 +74,23 @@ def _open(
     if found.parquet:
         from refmount.refs.parquet import ParquetRefSet
 
-        return source.within_deadline(
+        refset = source.within_deadline(
             lambda _progress: ParquetRefSet.open(
                 fs, path, resolve=resolve, mtime=found.mtime, load_timeout=timeout
             ),
             timeout,
             name,
         )
+        report("loaded", 0, 0)
+        return refset
     # Each format's modules (and pyarrow) are imported only when that format is met:
     # a Parquet set should be mounted before pyarrow would have finished importing.  A
     # large JSON set is parsed in two processes, and Arrow imported while the other parses.
     from refmount.refs import jsonsplit
 
     raw, found.data = found.data, b""
+    nbytes = len(raw)
+    report("parsing", 0, nbytes)
     with jsonsplit.collector_paused():
         parts = jsonsplit.parse_in_parts(raw, meanwhile=_import_table)
         from refmount.refs import jsonrefs
@@ -88,11 +103,17 @@ def _open(
             raise RefsError(text if text.startswith(f"{name}: ") else f"{name}: {text}") from None
     del raw, parts
     table = columns.table()
+    report("indexing", table.num_rows, nbytes)
     refset = TableRefSet(table, columns.urls, mtime=found.mtime, name=name)
     del table, columns
     _release_freed_memory()
     log.info("%s: %d keys referencing %d remote files", name, len(refset), len(refset.urls))
+    report("loaded", len(refset), nbytes)
     return refset
+
+
+def _no_progress(stage: str, keys: int, nbytes: int) -> None:
+    pass
 
 
 def _import_table() -> None:

@@ -1,7 +1,7 @@
 """Parquet reference sets (LazyReferenceMapper layout): keys, ids, listings, laziness.
 
 Sets are built for real: with ``kerchunk.df.refs_to_dataframe`` from a JSON refs dict, with
-fsspec's ``LazyReferenceMapper`` + zarr 2, and with pyarrow for hostile rows.
+fsspec's ``LazyReferenceMapper`` fed by zarr (Zarr format 2), and with pyarrow for hostile rows.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import trio
 import zarr
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.reference import LazyReferenceMapper
-from zarr.storage import KVStore
 
 from refmount.errors import RefsError
 from refmount.refs.model import Child, Ref
@@ -317,7 +316,7 @@ def test_not_a_file(kc, key: str) -> None:
     assert rs.file_id(key) is None
 
 
-def test_consolidated_zmetadata(kc) -> None:
+def test_consolidated_zmetadata(kc, tmp_path: Path) -> None:
     rs, refs, _, _ = kc
     fid = rs.file_id(".zmetadata")
     data = rs.ref(fid).data
@@ -330,7 +329,9 @@ def test_consolidated_zmetadata(kc) -> None:
         assert doc["metadata"][key] == json.loads(refs[key])
     assert data == json.dumps(doc, separators=(",", ":")).encode()
     # zarr opens it as consolidated metadata
-    group = zarr.open_consolidated(KVStore(RefMapping(rs)))
+    mapping = RefMapping(rs)
+    metadata = {k: mapping[k] for k in mapping if k.rpartition("/")[2].startswith(".z")}
+    group = zarr.open_consolidated(copy_to_directory(metadata, tmp_path / "copy"))
     assert group["x"].shape == (7, 10)
     assert group["g/sub/y"].chunks == (2,)
     assert group.attrs["title"] == "parquet test"
@@ -886,29 +887,43 @@ class RefMapping(Mapping[str, bytes]):
         return sum(1 for _ in self)
 
 
+def copy_to_directory(mapping: Mapping[str, bytes], directory: Path) -> str:
+    """Write every key of ``mapping`` as a file under ``directory``: a store zarr 3 opens."""
+    for key, value in mapping.items():
+        (directory / key).parent.mkdir(parents=True, exist_ok=True)
+        (directory / key).write_bytes(value)
+    return str(directory)
+
+
 def test_lazy_reference_mapper_and_zarr(tmp_path: Path) -> None:
-    root = tmp_path / "ref.parquet"
-    lz = LazyReferenceMapper.create(str(root), record_size=7)
-    group = zarr.open_group(lz, mode="w")
-    temp = group.create_dataset("temp", shape=(9, 10), chunks=(2, 3), dtype="i4", fill_value=-1)
+    # zarr 3 writes a Zarr format 2 store; its keys go into the mapper as a store's would.
+    written = tmp_path / "written"
+    group = zarr.open_group(str(written), mode="w", zarr_format=2)
+    temp = group.create_array("temp", shape=(9, 10), chunks=(2, 3), dtype="i4", fill_value=-1)
     values = np.arange(90, dtype="i4").reshape(9, 10)
     temp[:4, :] = values[:4, :]  # chunk rows 0-1 only: the rest stay missing
     temp[8, 9] = 7
-    scalar = group.create_dataset("scalar", shape=(), dtype="f8")
+    scalar = group.create_array("scalar", shape=(), dtype="f8", fill_value=0.0)
     scalar[...] = 2.5
     deep = group.create_group("deep").create_group("er")
-    name = deep.create_dataset("name", shape=(1,), dtype="u1")
+    name = deep.create_array("name", shape=(1,), dtype="u1", fill_value=0)
     name[:] = 1
     group.attrs["about"] = "lazy"
+    root = tmp_path / "ref.parquet"
+    lz = LazyReferenceMapper.create(str(root), record_size=7)
+    for path in sorted(written.rglob("*"), key=lambda p: (not p.name.startswith(".z"), p)):
+        if path.is_file():
+            lz[path.relative_to(written).as_posix()] = path.read_bytes()
     lz.flush()
 
     rs = ParquetRefSet.open(LocalFileSystem(), str(root), resolve=str, mtime=0)
     assert names(rs, "") == [".zattrs", ".zgroup", ".zmetadata", "deep", "scalar", "temp"]
-    assert names(rs, "deep/er") == [".zgroup", "name"]
-    assert names(rs, "deep/er/name") == [".zarray", "0"]
-    assert names(rs, "scalar") == [".zarray", "0"]
+    assert names(rs, "deep/er") == [".zattrs", ".zgroup", "name"]  # zarr 3 writes .zattrs
+    assert names(rs, "deep/er/name") == [".zarray", ".zattrs", "0"]
+    assert names(rs, "scalar") == [".zarray", ".zattrs", "0"]
     assert names(rs, "temp") == [
         ".zarray",
+        ".zattrs",
         *(f"{i}.{j}" for i in range(2) for j in range(4)),
         "4.3",
     ]
@@ -925,7 +940,7 @@ def test_lazy_reference_mapper_and_zarr(tmp_path: Path) -> None:
             assert mapping[key] == ref_fs.cat_file(key), key
 
     # zarr reads the data back through consolidated metadata
-    opened = zarr.open_consolidated(KVStore(mapping))
+    opened = zarr.open_consolidated(copy_to_directory(mapping, tmp_path / "copy"))
     expected = np.full((9, 10), -1, dtype="i4")
     expected[:4, :] = values[:4, :]
     expected[8, 9] = 7

@@ -236,11 +236,11 @@ def main() -> None:
     args = parser.parse_args()
     rows = measure(args.work, args.size, args.delay)
     mib = args.size * args.size * 4 / 2**20
-    command = shlex.join([Path(sys.executable).name, *sys.argv])
+    command = shlex.join([os.path.relpath(sys.executable), *sys.argv])
     print(f"$ {command}")
     print(
         f"field: {args.size}x{args.size} float32 ({mib:.1f} MiB decoded), zlib, "
-        f"{CHUNK}x{CHUNK} chunks ({(args.size // CHUNK) ** 2} requests); nginx delay "
+        f"{CHUNK}x{CHUNK} chunks ({(args.size // CHUNK) ** 2} of them); nginx delay "
         f"{args.delay * 1000:.0f} ms; {os.cpu_count()} CPUs"
     )
     print(table(rows, mib))

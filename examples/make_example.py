@@ -1,6 +1,6 @@
 """Write the bundled example: examples/air/air.nc and its kerchunk references refs.json.
 
-    python examples/make_example.py          # needs numpy, netCDF4, kerchunk (zarr<3)
+    python examples/make_example.py          # needs numpy, netCDF4, kerchunk
 
 air.nc is a small synthetic air-temperature field written by the netCDF4 library (chunked,
 zlib-compressed float32); refs.json is what kerchunk's SingleHdf5ToZarr says about it,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.nginx import NginxServer
 from tests.support.servers import MotoServer, RangeServer
 
 REFMOUNT = [sys.executable, "-m", "refmount"]
@@ -138,6 +139,13 @@ def http(http_server: RangeServer) -> Iterator[RangeServer]:
     http_server.reset_stats()
     yield http_server
     http_server.clear_faults()
+
+
+@pytest.fixture(scope="session")
+def nginx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NginxServer]:
+    """nginx on 127.0.0.1 (ranges honoured, no delay) serving a fresh directory, ``.root``."""
+    with NginxServer(tmp_path_factory.mktemp("nginx-root")) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

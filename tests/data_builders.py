@@ -142,3 +142,119 @@ def dump_refs(refs: dict, path: Path, kind: str | None = None) -> Path:
     """Write ``refs`` as JSON at ``path``, compressed with ``kind`` (gzip/bz2/xz/zstd)."""
     path.write_bytes(compress(json.dumps(refs).encode(), kind))
     return path
+
+
+# -- data for today's readers (tests/test_readers.py) ---------------------------------------
+
+READERS_TITLE = "Réseau d'essai ☃ — ünïcødé"
+READERS_LONG_NAME = "température de l'air à 2 m"
+STATIONS = ["Zürich", "Genève", "Ås"]
+
+
+def _coordinates(ds: netCDF4.Dataset, times: np.ndarray, ny: int, nx: int) -> None:
+    ds.createDimension("time", None)  # unlimited
+    ds.createDimension("y", ny)
+    ds.createDimension("x", nx)
+    time = ds.createVariable("time", "f8", ("time",), chunksizes=(len(times),))
+    time.units = "days since 2001-01-01 00:00:00"
+    time.calendar = "standard"
+    time.standard_name = "time"
+    time[:] = times
+    y = ds.createVariable("y", "f4", ("y",))
+    y.units = "km"
+    y[:] = np.linspace(-50.0, 50.0, ny, dtype="f4")
+    x = ds.createVariable("x", "f4", ("x",))
+    x.units = "km"
+    x[:] = np.linspace(0.0, 90.0, nx, dtype="f4")
+
+
+def _fields(ds: netCDF4.Dataset, rng: np.random.Generator, ntime: int, ny: int, nx: int) -> None:
+    temp = ds.createVariable(
+        "temp", "f4", ("time", "y", "x"), zlib=True, shuffle=True, complevel=4,
+        chunksizes=(min(ntime, 4), 10, 15),
+    )  # fmt: skip
+    temp.long_name = READERS_LONG_NAME
+    temp.units = "K"
+    temp[:] = (280.0 + rng.normal(0.0, 5.0, (ntime, ny, nx))).astype("f4")
+    packed = ds.createVariable(
+        "packed", "i2", ("time", "y", "x"), zlib=True, shuffle=True,
+        chunksizes=(min(ntime, 4), 10, 15), fill_value=np.int16(-32767),
+    )  # fmt: skip
+    packed.scale_factor = 0.01
+    packed.add_offset = 273.15
+    packed.units = "K"
+    packed[:] = 273.15 + rng.uniform(-50.0, 50.0, (ntime, ny, nx))
+    packed[0, 0, :3] = np.ma.masked  # some missing values: _FillValue decoding
+
+
+def write_readers_netcdf4(path: Path, seed: int = 11) -> Path:
+    """A netCDF4 file with what readers have to decode: ``temp`` (zlib + shuffle, chunked, on
+    the unlimited ``time``), ``packed`` (int16 with scale_factor/add_offset and missing
+    values), ``plain`` (2-D, zlib without shuffle: what GDAL's Zarr driver decodes),
+    ``scalar`` (rank 0), ``station`` (variable-length strings), non-ASCII attributes."""
+    rng = np.random.default_rng(seed)
+    ntime, ny, nx = 8, 20, 30
+    with netCDF4.Dataset(path, "w", format="NETCDF4") as ds:
+        ds.title = READERS_TITLE
+        ds.Conventions = "CF-1.8"
+        _coordinates(ds, np.arange(ntime, dtype="f8") * 0.25, ny, nx)
+        _fields(ds, rng, ntime, ny, nx)
+        plain = ds.createVariable("plain", "f8", ("y", "x"), zlib=True, shuffle=False,
+                                  chunksizes=(10, 15))  # fmt: skip
+        plain.comment = "zlib only, no shuffle"
+        plain[:] = rng.random((ny, nx))
+        scalar = ds.createVariable("scalar", "f8")
+        scalar.description = "rang 0 — scalaire"
+        scalar.assignValue(3.5)
+        ds.createDimension("station", len(STATIONS))
+        station = ds.createVariable("station_name", str, ("station",))
+        station.long_name = "nom de la station"
+        for i, name in enumerate(STATIONS):
+            station[i] = name
+    return path
+
+
+def write_readers_netcdf3(path: Path, seed: int = 12) -> Path:
+    """A netCDF3 (64-bit offset) file: record variables on the unlimited dimension, a
+    fixed-size variable, packed shorts, non-ASCII attributes."""
+    rng = np.random.default_rng(seed)
+    ntime, ny, nx = 6, 12, 16
+    with netCDF4.Dataset(path, "w", format="NETCDF3_64BIT_OFFSET") as ds:
+        ds.title = READERS_TITLE
+        ds.createDimension("time", None)
+        ds.createDimension("y", ny)
+        ds.createDimension("x", nx)
+        time = ds.createVariable("time", "f8", ("time",))
+        time.units = "hours since 2001-01-01 00:00:00"
+        time[:] = np.arange(ntime, dtype="f8") * 6
+        y = ds.createVariable("y", "f4", ("y",))
+        y[:] = np.arange(ny, dtype="f4")
+        x = ds.createVariable("x", "f4", ("x",))
+        x[:] = np.arange(nx, dtype="f4")
+        temp = ds.createVariable("temp", "f4", ("time", "y", "x"))
+        temp.long_name = READERS_LONG_NAME
+        temp[:] = rng.normal(280.0, 5.0, (ntime, ny, nx)).astype("f4")
+        packed = ds.createVariable("packed", "i2", ("time", "y", "x"))
+        packed.scale_factor = 0.5
+        packed.add_offset = 100.0
+        packed[:] = rng.uniform(0.0, 200.0, (ntime, ny, nx))
+        height = ds.createVariable("height", "f8", ("y", "x"))
+        height.units = "m"
+        height[:] = rng.random((ny, nx)) * 1000
+    return path
+
+
+def write_series(directory: Path, count: int = 4, steps: int = 3, seed: int = 13) -> list[Path]:
+    """``count`` netCDF4 files of ``steps`` time steps each: one time series in parts."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    paths = []
+    for part in range(count):
+        path = directory / f"part{part}.nc"
+        with netCDF4.Dataset(path, "w", format="NETCDF4") as ds:
+            ds.title = READERS_TITLE
+            times = (np.arange(steps, dtype="f8") + part * steps) * 0.25
+            _coordinates(ds, times, 20, 30)
+            _fields(ds, rng, steps, 20, 30)
+        paths.append(path)
+    return paths

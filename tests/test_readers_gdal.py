@@ -1,0 +1,197 @@
+"""Readers that are not Python, through the mount: GDAL (the rasterio wheel's, and Debian's
+gdal-bin) and netCDF-C's ncdump, each compared with the original file.
+
+Each reader decodes what its version can, and the rest is refused with a message that the
+README quotes ("Reading from zarr, xarray, GDAL and netCDF-C").  A variable a reader
+decodes must equal the original; a variable it refuses must be refused for the known
+reason, so a new limit, or a lifted one, shows up here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+
+from tests.conftest import Mounted
+from tests.data_builders import (
+    kerchunk_refs,
+    netcdf_arrays,
+    write_readers_netcdf3,
+    write_readers_netcdf4,
+)
+from tests.test_kerchunk import data_blocks
+
+#: Why GDAL's Zarr driver (3.6 to 3.10 at least) refuses a variable of the netCDF4 file.
+GDAL_REFUSALS = {
+    "temp": "Filter shuffle not handled",  # kerchunk writes HDF5's shuffle as a Zarr filter
+    "packed": "Filter shuffle not handled",
+    "scalar": "Unsupported number of dimensions",  # rank 0: not a raster
+    "station_name": "Invalid or unsupported format for dtype: |O",  # variable-length strings
+}
+GDAL_DECODES = {"time", "y", "x", "plain"}
+
+
+@pytest.fixture(scope="module")
+def nc4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_readers_netcdf4(tmp_path_factory.mktemp("gdal-data") / "data4.nc")
+
+
+def mounted_set(source: Path, directory: Path, refs: dict) -> Mounted:
+    (directory / "refs.json").write_text(json.dumps(refs))
+    (directory / "mnt").mkdir()
+    return Mounted(directory / "refs.json", directory / "mnt", [], directory / "refmount.log")
+
+
+@pytest.fixture(scope="module")
+def nc4_mount(nc4: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    directory = tmp_path_factory.mktemp("gdal-nc4")
+    m = mounted_set(nc4, directory, kerchunk_refs(nc4, nc4.as_uri(), inline_threshold=100))
+    try:
+        yield m.mountpoint
+    finally:
+        m.stop()
+
+
+RASTERIO_CHILD = r"""
+import json, sys
+import numpy as np
+import rasterio
+mnt, out, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+result = {"gdal": rasterio.__gdal_version__, "read": {}, "refused": {}}
+for name in names:
+    try:
+        with rasterio.open(f'ZARR:"{mnt}":/{name}') as ds:
+            np.save(f"{out}/{name}.npy", ds.read())
+        result["read"][name] = f"{out}/{name}.npy"
+    except rasterio.errors.RasterioIOError as e:
+        result["refused"][name] = str(e)
+print(json.dumps(result))
+"""
+
+
+def test_rasterio_gdal_decodes_what_it_can(nc4: Path, nc4_mount: Path, tmp_path: Path) -> None:
+    expected = netcdf_arrays(nc4)
+    child = subprocess.run(
+        [sys.executable, "-c", RASTERIO_CHILD, str(nc4_mount), str(tmp_path), *expected],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr
+    result = json.loads(child.stdout)
+    assert result["gdal"] == rasterio.__gdal_version__
+    assert set(result["read"]) | set(result["refused"]) == set(expected)
+    for name, reason in result["refused"].items():
+        assert name in GDAL_REFUSALS and GDAL_REFUSALS[name] in reason, (name, reason)
+    assert set(result["read"]) >= GDAL_DECODES
+    for name, npy in result["read"].items():
+        values = np.load(npy)  # (bands, rows, columns); a 1-D array is one row
+        np.testing.assert_array_equal(values.reshape(expected[name].shape), expected[name])
+    major, minor = (int(p) for p in result["gdal"].split(".")[:2])
+    if (major, minor) < (3, 11):  # the wheel on Python 3.11 (README): these are its limits
+        assert set(result["refused"]) == set(GDAL_REFUSALS)
+
+
+def debian_gdal(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+    path = shutil.which(tool)
+    assert path, f"{tool} is needed: apt-get install gdal-bin"
+    return subprocess.run([path, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_debian_gdal_translates_what_it_can(nc4: Path, nc4_mount: Path, tmp_path: Path) -> None:
+    version = debian_gdal("gdalinfo", "--version").stdout
+    assert version.startswith("GDAL 3."), version
+    expected = netcdf_arrays(nc4)
+    for name in sorted(GDAL_DECODES):
+        out = tmp_path / f"{name}.bin"
+        source = f'ZARR:"{nc4_mount}":/{name}'
+        done = debian_gdal("gdal_translate", "-q", "-of", "ENVI", source, str(out))
+        assert done.returncode == 0, (name, done.stderr)
+        values = np.frombuffer(out.read_bytes(), dtype=expected[name].dtype.newbyteorder("="))
+        np.testing.assert_array_equal(values.reshape(expected[name].shape), expected[name])
+    for name, reason in GDAL_REFUSALS.items():
+        info = debian_gdal("gdalinfo", f'ZARR:"{nc4_mount}":/{name}')
+        assert info.returncode != 0 and reason in info.stderr, (name, info.stderr)
+
+
+# -- netCDF-C ---------------------------------------------------------------------------------
+
+#: Variables of the netCDF4 set that netCDF-C 4.9.0 decodes: those without Zarr filters
+#: (it ignores them and prints compressed bytes as numbers).
+NCDUMP_DECODES = ["time", "y", "x"]
+
+
+def ncdump(*args: str) -> subprocess.CompletedProcess[str]:
+    path = shutil.which("ncdump")
+    assert path, "ncdump is needed: apt-get install netcdf-bin"
+    return subprocess.run([path, *args], capture_output=True, text=True, timeout=60)
+
+
+def nczarr(directory: Path) -> str:
+    return f"file://{directory}#mode=zarr,file"
+
+
+def mount_and_copy(
+    refs: dict, source: Path, directory: Path, *args: str
+) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str], str]:
+    """``ncdump ARGS`` of the mounted set, of a plain directory copy of the same tree (what
+    netCDF-C makes of these files wherever they are), and of the original file."""
+    m = mounted_set(source, directory, refs)
+    try:
+        shutil.copytree(m.mountpoint, directory / "copy")
+        mounted = ncdump(*args, nczarr(m.mountpoint))
+    finally:
+        m.stop()
+    copied = ncdump(*args, nczarr(directory / "copy"))
+    direct = ncdump(*args, str(source))
+    assert direct.returncode == 0, direct.stderr
+    return mounted, copied, direct.stdout
+
+
+def without_strings(refs: dict) -> dict:
+    """The set less its variable-length string variable: ncdump 4.9.0 crashes (SIGSEGV) on
+    one, even for ``-h``."""
+    kept = {k: v for k, v in refs["refs"].items() if not k.startswith("station_name/")}
+    return {**refs, "refs": kept}
+
+
+def test_ncdump_reads_a_netcdf4_set(nc4: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The header is the directory copy's; the variables without filters read as the original
+    (reading ``scalar``'s data crashes ncdump 4.9.0: tests/test_kerchunk.py)."""
+    refs = without_strings(kerchunk_refs(nc4, nc4.as_uri(), inline_threshold=100))
+    header, copied, _ = mount_and_copy(refs, nc4, tmp_path_factory.mktemp("ncdump4"), "-h")
+    assert header.returncode == 0, header.stderr
+    assert header.stdout.replace("mnt", "copy", 1) == copied.stdout
+    # Attributes: ASCII ones as in the file; JSON's \u escapes are shown without the "\".
+    assert '\t\ttime:units = "days since 2001-01-01 00:00:00" ;' in header.stdout
+    assert ':title = "Ru00e9seau' in header.stdout
+    selection = ("-v", ",".join(NCDUMP_DECODES))
+    data, _, direct = mount_and_copy(refs, nc4, tmp_path_factory.mktemp("ncdump4v"), *selection)
+    assert data.returncode == 0, data.stderr
+    blocks = data_blocks(data.stdout)
+    assert set(blocks) == set(NCDUMP_DECODES)
+    assert blocks == data_blocks(direct)
+
+
+def test_ncdump_reads_a_netcdf3_set_as_a_copy_of_its_tree(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """netCDF-C 4.9.0 reads a netCDF3 set's big-endian arrays in the wrong byte order (and
+    kerchunk's blosc-compressed inlined coordinates as raw bytes), on the mount exactly as
+    on a directory copy: every line of the dump is the copy's."""
+    import kerchunk.netCDF3
+
+    directory = tmp_path_factory.mktemp("ncdump3")
+    nc3 = write_readers_netcdf3(directory / "data3.nc")
+    refs = kerchunk.netCDF3.NetCDF3ToZarr(str(nc3), inline_threshold=100).translate()
+    mounted, copied, direct = mount_and_copy(refs, nc3, directory)
+    assert mounted.returncode == 0, mounted.stderr
+    assert mounted.stdout.replace("mnt", "copy", 1) == copied.stdout
+    assert "\tdouble height(y, x) ;" in mounted.stdout
+    assert data_blocks(mounted.stdout)["height"] != data_blocks(direct)["height"]  # the limit

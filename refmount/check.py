@@ -15,7 +15,7 @@ import contextlib
 import logging
 import random
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -118,7 +118,7 @@ def check(options: CheckOptions, progress: Any = None) -> Report:
 
         report.format = "Parquet" if isinstance(refset, ParquetRefSet) else "JSON"
         try:
-            sample = _walk(refset, report, options.probe, random.Random(options.seed))
+            sample = trio.run(_walk, refset, report, options.probe, random.Random(options.seed))
         finally:
             refset.close()
         if options.probe:
@@ -143,13 +143,15 @@ def check(options: CheckOptions, progress: Any = None) -> Report:
 # -- the walk ---------------------------------------------------------------------------
 
 
-def _walk(refset: RefSet, report: Report, keep: int, rng: random.Random) -> list[tuple[str, Ref]]:
+async def _walk(
+    refset: RefSet, report: Report, keep: int, rng: random.Random
+) -> list[tuple[str, Ref]]:
     """Count every key and directory; return up to ``keep`` targets drawn uniformly at
     random from the keys that have one (reservoir sampling, in the walk's stable order)."""
     keys_by_url: Counter[str] = Counter()  # many keys share a URL: hosts are parsed per URL
     sample: list[tuple[str, Ref]] = []
     seen = 0
-    for key, ref in _files(refset, report):
+    async for key, ref in _files(refset, report):
         report.keys += 1
         if ref.data is not None:
             report.inline_keys += 1
@@ -179,21 +181,30 @@ def _walk(refset: RefSet, report: Report, keep: int, rng: random.Random) -> list
     return sample
 
 
-def _files(refset: RefSet, report: Report) -> Iterator[tuple[str, Ref]]:
-    """Every file key and its reference, depth first; a directory that cannot be listed
-    (an unreadable record file) is a problem, and the walk goes on."""
+async def _files(refset: RefSet, report: Report) -> AsyncIterator[tuple[str, Ref]]:
+    """Every file key and its reference, depth first, loaded as a listing of the mount
+    loads them (a lazily loaded set lists what it holds; ``ensure`` loads the next part);
+    a directory that cannot be listed (an unreadable record file) is a problem, and the
+    walk goes on."""
     pending = [""]
     while pending:
         path = pending.pop()
         prefix = f"{path}/" if path else ""
         subdirectories = []
+        after = -1
         try:
-            for child in refset.children(path):
-                if child.file_id is None:
-                    report.directories += 1
-                    subdirectories.append(prefix + child.name)
-                else:
-                    yield prefix + child.name, refset.ref(child.file_id)
+            while True:
+                await refset.ensure(path, after)
+                listed = False
+                for child in refset.children(path, after):
+                    after, listed = child.cursor, True
+                    if child.file_id is None:
+                        report.directories += 1
+                        subdirectories.append(prefix + child.name)
+                    else:
+                        yield prefix + child.name, await refset.file_ref(child.file_id)
+                if not listed:
+                    break
         except (FetchError, RefsError, OSError, KeyError) as exc:
             report.problems.append(Problem("load", f"listing {path or '/'}: {exc}"))
         pending.extend(reversed(subdirectories))

@@ -1,12 +1,19 @@
-"""One mounted reference set: its parts wired together, mounted, and served under trio."""
+"""One mounted reference set: its parts wired together, mounted, and served under trio.
+
+Until the mount answers, any failure (the first stat through the mount failing or not
+answering within :data:`READY_DEADLINE`, a task dying) is a failed start: the message
+goes to the caller, the mount is taken down, and the daemon exits with status 1.
+"""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pyfuse3
 import trio
@@ -16,18 +23,25 @@ from refmount.fetch import Fetcher, FetchPolicy
 from refmount.fuse_ops import Operations
 from refmount.notify import notify
 from refmount.options import Config
-from refmount.refs import open_refset
+from refmount.redaction import Scrubber, shown
+from refmount.refs import RefsError, RefSet, open_refset
 from refmount.tree import Owner, Tree
 from refmount.tuning import tune_kernel
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE = 1.0  # seconds requests in flight may finish in after SIGTERM
+READY_DEADLINE = 60.0  # seconds the first stat through the new mount may take
+
+
+class StartError(Exception):
+    """The mount was made but does not work; the message says why."""
 
 
 def mount_options(config: Config) -> set[str]:
     """What pyfuse3 passes to libfuse.  Always read-only, no devices, no setuid."""
-    fsname = (config.fsname or config.refs).replace("\\", "\\\\").replace(",", "\\,")
+    source = config.fsname or shown(config.refs)
+    fsname = source.replace("\\", "\\\\").replace(",", "\\,")
     options = {
         f"fsname={fsname}",
         "subtype=refmount",
@@ -53,13 +67,7 @@ class Daemon:
     @classmethod
     def load(cls, config: Config) -> Daemon:
         notify("STATUS=loading the reference set")
-        refset = open_refset(
-            config.refs,
-            storage_options=config.refs_options,
-            remote_protocol=config.remote_protocol,
-            allow_local=config.allow_local,
-            timeout=config.timeout,
-        )
+        refset = load_refset(config)
         fetcher = Fetcher(
             remote_options=config.remote_options,
             policy=FetchPolicy(
@@ -77,23 +85,36 @@ class Daemon:
 
     def run(self, ready: Callable[[], None], on_error: Callable[[str], None] | None) -> int:
         mountpoint = self.config.mountpoint
+        scrub = Scrubber(self.config.refs)
+
+        def fail(message: str) -> None:
+            if on_error is None:
+                log.error("%s", scrub(message))
+            else:
+                on_error(scrub(message))
+
         try:
             pyfuse3.init(self.operations, mountpoint, mount_options(self.config))
         except RuntimeError as exc:
-            message = f"refmount: cannot mount {mountpoint}: {exc}"
-            if on_error is None:
-                log.error("%s", message)
-            else:
-                on_error(message)
+            fail(f"refmount: cannot mount {mountpoint}: {exc}")
             return 1
+        self._ready = False
         try:
             trio.run(self._main, ready)
+            return 0
+        except StartError as exc:
+            fail(f"refmount: {exc}")
+            return 1
+        except Exception as exc:
+            log.exception("the daemon failed")
+            if not self._ready:
+                fail(f"refmount: the daemon failed while starting: {type(exc).__name__}: {exc}")
+            return 1
         finally:
             pyfuse3.close(unmount=True)
             self.operations.tree.refset.close()
             self.cache.fetcher.close()
             log.info("unmounted %s", mountpoint)
-        return 0
 
     async def _main(self, ready: Callable[[], None]) -> None:
         async with trio.open_nursery() as nursery:
@@ -107,9 +128,17 @@ class Daemon:
 
     async def _announce_when_ready(self, ready: Callable[[], None]) -> None:
         """Signal readiness once the mount answers (a stat through FUSE, from a thread so
-        that this loop can serve it), after tuning the kernel's read-ahead."""
+        that this loop can serve it), after tuning the kernel's read-ahead.  A stat that
+        fails, or has no answer within the deadline, is a failed start."""
         mountpoint = self.config.mountpoint
-        await trio.to_thread.run_sync(os.stat, mountpoint)
+        deadline = min(READY_DEADLINE, self.config.ready_timeout)
+        with trio.move_on_after(deadline) as waited:
+            try:
+                await trio.to_thread.run_sync(os.stat, mountpoint, abandon_on_cancel=True)
+            except OSError as exc:
+                raise StartError(f"the new mount on {mountpoint} fails: {exc.strerror}") from None
+        if waited.cancelled_caught:
+            raise StartError(f"the new mount on {mountpoint} did not answer within {deadline:g} s")
         await trio.to_thread.run_sync(
             lambda: tune_kernel(
                 mountpoint,
@@ -117,8 +146,9 @@ class Daemon:
                 max_background=self.config.max_background,
             )
         )
-        log.info("mounted %s on %s", self.config.refs, mountpoint)
-        notify(f"READY=1\nSTATUS=serving {self.config.refs}")
+        log.info("mounted %s on %s", shown(self.config.refs), mountpoint)
+        notify(f"READY=1\nSTATUS=serving {shown(self.config.refs)}")
+        self._ready = True
         ready()
         await self.cache.fetcher.prepare(sorted(self.operations.tree.refset.protocols()))
 
@@ -134,3 +164,26 @@ class Daemon:
                 log.warning("requests still in flight after %g s: cancelling them", STOP_GRACE)
                 scope.cancel()
                 return
+
+
+def load_refset(config: Config) -> RefSet:
+    """Read REFS with the configured options and bounds (raises RefsError)."""
+    options: dict[str, Any] = {}
+    if config.max_refs_size is not None:
+        # open_refset takes max_refs_bytes from the reference-set branch on; until then
+        # a bound that cannot be enforced is refused rather than ignored.
+        if not _accepts(open_refset, "max_refs_bytes"):
+            raise RefsError("--max-refs-size is not supported by this reference set reader")
+        options["max_refs_bytes"] = config.max_refs_size
+    return open_refset(
+        config.refs,
+        storage_options=config.refs_options,
+        remote_protocol=config.remote_protocol,
+        allow_local=config.allow_local,
+        timeout=config.timeout,
+        **options,
+    )
+
+
+def _accepts(function: Callable[..., Any], name: str) -> bool:
+    return name in inspect.signature(function).parameters

@@ -13,11 +13,14 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from refmount.errors import FetchError
+from refmount.fetch import redact
 from refmount.refs.model import Ref, RefSet
 
 ROOT_INODE = 1
 FILE_BASE = 1 << 40
-BLOCK_SIZE = 512
+#: The largest size ``stat`` can report (``off_t``); a store may claim more.
+MAX_FILE_SIZE = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -140,12 +143,18 @@ class Tree:
         if ref.length is not None:
             return ref.length
         assert ref.url is not None
-        return await self._remote_size(ref.url)
+        size = await self._remote_size(ref.url)
+        if not 0 <= size <= MAX_FILE_SIZE:
+            raise FetchError(f"{redact(ref.url)}: the store reports a size of {size} bytes")
+        return size
 
     def listed_size(self, inode: int) -> int | None:
         """A file's size without asking the store: listings never wait on a remote."""
         ref = self.refset.ref(inode - FILE_BASE)
-        return self._known_size(ref.url) if ref.url is not None and ref.length is None else None
+        if ref.url is None or ref.length is not None:
+            return None
+        size = self._known_size(ref.url)
+        return size if size is not None and 0 <= size <= MAX_FILE_SIZE else None
 
     async def node(self, inode: int) -> Node:
         if self.is_dir(inode):

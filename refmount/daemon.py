@@ -207,6 +207,8 @@ def serve(
 ) -> int:
     """Load, mount and serve until told to stop.  Returns the exit status."""
     _refuse_pandas()
+    # SIGHUP reloads once serving; until then it must not kill the daemon.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from refmount.serve import Daemon
 
     scrub = Scrubber(config.refs)

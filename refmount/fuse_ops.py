@@ -25,7 +25,7 @@ from refmount.cache import BlockCache
 from refmount.errors import FetchError
 from refmount.fetch import FetchStats, redact
 from refmount.refs.model import Ref
-from refmount.tree import ROOT_INODE, Node, Tree
+from refmount.tree import ROOT_INODE, Node, StaleInode, Tree
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,10 @@ CACHE_SECONDS = 3600.0
 XATTR_PREFIX = "user.refmount."
 #: Distinct failures remembered for logging once; past this the memory starts afresh.
 LOGGED_FAILURES = 10_000
+#: Negative entries remembered so that a reload can invalidate them; past this, further
+#: ones are cached by the kernel only briefly instead.
+NEGATIVE_ENTRIES = 65_536
+UNTRACKED_NEGATIVE_SECONDS = 1.0
 
 
 @dataclass(slots=True)
@@ -81,6 +85,8 @@ def _answered(op: str, handler: Handler) -> Handler:
             return await handler(self, *args)
         except pyfuse3.FUSEError:
             raise
+        except StaleInode:
+            raise pyfuse3.FUSEError(errno.ESTALE) from None
         except FetchError as exc:
             subject = self._subject(op, args)
             if self._logged.first(op, subject, str(exc)):
@@ -99,7 +105,9 @@ class Operations(pyfuse3.Operations):
     """A read-only filesystem over a :class:`Tree`, reading through a :class:`BlockCache`.
 
     ``tree`` may be replaced while mounted (a reload): each request reads it once at its
-    start and works on that tree to its end."""
+    start and works on that tree to its end.  For the reload, it counts the file inodes
+    the kernel holds (lookups and listed entries, less what it forgets) and remembers the
+    names the kernel caches as missing."""
 
     def __init__(
         self, tree: Tree, cache: BlockCache, fetch_stats: FetchStats, *, xattrs: bool = False
@@ -112,6 +120,8 @@ class Operations(pyfuse3.Operations):
         self._open: dict[int, OpenFile] = {}
         self._handles = itertools.count(1)
         self._logged = OnceLog()
+        self.known: dict[int, int] = {}  # file inode -> the kernel's lookup count
+        self.negatives: set[tuple[int, str]] = set()  # (parent inode, name) cached missing
 
     def _subject(self, op: str, args: tuple[Any, ...]) -> str:
         """What a failed request was about (a key or directory path), for its message."""
@@ -155,14 +165,31 @@ class Operations(pyfuse3.Operations):
 
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
         tree = self.tree
-        inode = await tree.lookup(parent_inode, os.fsdecode(name))
+        text = os.fsdecode(name)
+        inode = await tree.lookup(parent_inode, text)
         if inode is None:
             # A negative entry the kernel may cache: zarr readers probe many missing keys.
             attr = pyfuse3.EntryAttributes()
             attr.st_ino = 0
             attr.entry_timeout = CACHE_SECONDS
+            if len(self.negatives) < NEGATIVE_ENTRIES:
+                self.negatives.add((parent_inode, text))
+            else:
+                attr.entry_timeout = UNTRACKED_NEGATIVE_SECONDS
             return attr
-        return self._attributes(tree, await tree.node(inode))
+        attr = self._attributes(tree, await tree.node(inode))
+        if not tree.is_dir(inode):
+            self.known[inode] = self.known.get(inode, 0) + 1
+        return attr
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        known = self.known
+        for inode, count in inode_list:
+            left = known.get(inode, 0) - count
+            if left > 0:
+                known[inode] = left
+            else:
+                known.pop(inode, None)
 
     async def getattr(self, inode: int, ctx: Any = None) -> Any:
         tree = self.tree
@@ -189,6 +216,7 @@ class Operations(pyfuse3.Operations):
         attr = self._template(tree)
         file_mode = tree.file_mode
         reply = pyfuse3.readdir_reply
+        known = self.known
         entries = await tree.listing(fh, after=start_id - 1)
         as_file = False  # attr holds a file's mode and nlink
         uncached = False  # attr holds timeouts of 0
@@ -213,6 +241,8 @@ class Operations(pyfuse3.Operations):
                 attr.st_blocks = (size + 511) // 512
             if not reply(token, name.encode("utf-8", "surrogateescape"), attr, cursor + 1):
                 return
+            if as_file:  # readdirplus: the kernel now holds the entry, as after a lookup
+                known[inode] = known.get(inode, 0) + 1
             if uncached:
                 attr.entry_timeout = attr.attr_timeout = CACHE_SECONDS
                 uncached = False
@@ -307,7 +337,7 @@ for _name in (
     setattr(Operations, _name, _refuse_write)
 
 for _name in (
-    "lookup", "getattr", "opendir", "readdir", "releasedir", "open", "read", "release",
-    "getxattr", "listxattr", "statfs",
+    "lookup", "forget", "getattr", "opendir", "readdir", "releasedir", "open", "read",
+    "release", "getxattr", "listxattr", "statfs",
 ):  # fmt: skip
     setattr(Operations, _name, _answered(_name, getattr(Operations, _name)))

@@ -25,6 +25,7 @@ from refmount.notify import notify
 from refmount.options import Config
 from refmount.redaction import Scrubber, shown
 from refmount.refs import RefsError, RefSet, open_refset
+from refmount.reload import Reloader
 from refmount.tree import Owner, Tree
 from refmount.tuning import tune_kernel
 
@@ -117,10 +118,14 @@ class Daemon:
             log.info("unmounted %s", mountpoint)
 
     async def _main(self, ready: Callable[[], None]) -> None:
+        reloader = Reloader(self.config, self.operations, self.cache, load_refset)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.cache.run)
-            nursery.start_soon(self._stop_on_signals, nursery.cancel_scope)
+            nursery.start_soon(self._on_signals, nursery.cancel_scope, reloader)
             nursery.start_soon(self._announce_when_ready, ready)
+            nursery.start_soon(reloader.run)
+            if self.config.reload_interval is not None:
+                nursery.start_soon(reloader.poll, self.config.reload_interval)
             # Requests in flight may exceed the kernel's background limit (reads) plus
             # foreground ones (lookups): leave room for both.
             await pyfuse3.main(max_tasks=self.config.max_background * 2 + 16)
@@ -152,11 +157,16 @@ class Daemon:
         ready()
         await self.cache.fetcher.prepare(sorted(self.operations.tree.refset.protocols()))
 
-    async def _stop_on_signals(self, scope: trio.CancelScope) -> None:
-        """Unmount on SIGINT or SIGTERM: requests in flight get a short grace, then are
-        cancelled, so a read waiting on a stalled store does not hold up the stop."""
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    async def _on_signals(self, scope: trio.CancelScope, reloader: Reloader) -> None:
+        """Reload on SIGHUP.  Unmount on SIGINT or SIGTERM: requests in flight get a short
+        grace, then are cancelled, so a read waiting on a stalled store does not hold up
+        the stop."""
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             async for signum in signals:
+                if signum == signal.SIGHUP:
+                    log.info("received SIGHUP: reloading")
+                    reloader.request()
+                    continue
                 log.info("received %s: unmounting", signal.Signals(signum).name)
                 notify("STOPPING=1")
                 pyfuse3.terminate()

@@ -7,7 +7,7 @@ in one assignment on the serving loop, and then the kernel is told to forget wha
 caches that changed: the entries of changed and removed keys (they get new inodes, so a
 file opened before keeps reading the bytes it opened, from its own page cache and its own
 reference), names it caches as missing, and the attributes of directories.  Unchanged
-files keep their inode, their entry and their page cache.
+files keep their inode and their entry.
 
 The invalidations run in a worker thread: ``invalidate_entry`` blocks until requests on
 that directory finish, and those are served by this loop.

@@ -177,13 +177,14 @@ class Tree:
     def _entries(self, path: str, after: int) -> Iterator[Entry]:
         prefix = f"{path}/" if path else ""
         file_size = self.refset.file_size
-        inode = self.inode
+        base, pinned = self._base, self._pinned_inodes
         new_entry = tuple.__new__  # Entry(...) without its Python-level __new__: per entry
         for name, file_id, cursor in self.refset.children(path, after):
             if file_id is None:
                 yield Entry(name, self._dir_inode(prefix + name), None, cursor)
             else:
-                yield new_entry(Entry, (name, inode(file_id), file_size(file_id), cursor))
+                inode = pinned.get(file_id, base + file_id) if pinned else base + file_id
+                yield new_entry(Entry, (name, inode, file_size(file_id), cursor))
 
     # -- attributes -----------------------------------------------------------------------
 

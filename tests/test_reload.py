@@ -20,7 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
+from refmount.refs import RefSet, open_refset
+from refmount.tree import Owner, StaleInode, Tree
 from tests.conftest import REFMOUNT, Mounted, is_mounted, unmount
 from tests.support.servers import RangeServer
 
@@ -243,3 +246,49 @@ def test_notify_reloading_then_ready(tmp_path: Path) -> None:
         listener.close()
         unmount(mountpoint)
     assert not is_mounted(mountpoint)
+
+
+# -- inode numbers across reloads (the tree alone) ---------------------------------------------
+
+
+def test_inodes_across_two_reloads(tmp_path: Path) -> None:
+    def refset(refs: dict[str, object]) -> RefSet:
+        return open_refset(str(write_refs(tmp_path / f"r{len(refs)}.json", refs)))
+
+    async def no_remote(url: str) -> int:
+        raise AssertionError(url)
+
+    async def lookup(tree: Tree, key: str) -> int | None:
+        parent = 1
+        *dirs, name = key.split("/")
+        for part in dirs:
+            found = await tree.lookup(parent, part)
+            assert found is not None
+            parent = found
+        return await tree.lookup(parent, name)
+
+    async def main() -> None:
+        first = Tree(refset({"a": "1", "b": "2", "d/c": "3"}), Owner(0, 0), no_remote)
+        a, b, c = [await lookup(first, k) for k in ("a", "b", "d/c")]
+        # The kernel knows a, b and d/c; "0" sorts first and shifts every file id.
+        second, changes = first.successor(
+            refset({"0": "new", "a": "1", "b": "changed", "d/c": "3", "d/e": "4"}), [a, b, c]
+        )
+        assert (await lookup(second, "a"), await lookup(second, "d/c")) == (a, c)
+        new_b = await lookup(second, "b")
+        assert new_b not in (None, a, b, c)
+        assert (await second.ref(new_b)).data == b"changed"
+        with pytest.raises(StaleInode):
+            await second.ref(b)
+        assert changes.pinned == 2 and changes.entries == [(1, "b")]
+        inodes = {await lookup(second, k) for k in ("0", "a", "b", "d/c", "d/e")}
+        assert len(inodes) == 5  # none shared
+        # A third set: a is still known and unchanged, d is gone with d/c.
+        third, changes = second.successor(refset({"a": "1", "z": "9"}), [a, new_b, c])
+        assert await lookup(third, "a") == a
+        assert await lookup(third, "d") is None and third.file_id(c) is None
+        d = await lookup(second, "d")
+        assert set(changes.entries) == {(1, "b"), (d, "c"), (1, "d")}
+        assert (await third.ref(a)).data == b"1"
+
+    trio.run(main)

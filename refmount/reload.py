@@ -105,7 +105,8 @@ class Reloader:
         notify(f"RELOADING=1\nMONOTONIC_USEC={monotonic_usec()}\nSTATUS=reloading {refs}")
         log.info("reloading %s", refs)
         try:
-            refset = await trio.to_thread.run_sync(self._load, self.config)
+            # Abandoned if the daemon stops meanwhile: a slow load must not hold up SIGTERM.
+            refset = await trio.to_thread.run_sync(self._load, self.config, abandon_on_cancel=True)
         except Exception as exc:
             reason = self._scrub(str(exc))
             log.error("reload of %s failed, still serving the previous set: %s", refs, reason)

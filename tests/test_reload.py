@@ -292,3 +292,23 @@ def test_inodes_across_two_reloads(tmp_path: Path) -> None:
         assert (await third.ref(a)).data == b"1"
 
     trio.run(main)
+
+
+def test_a_stalled_reload_neither_blocks_reads_nor_the_stop(
+    tmp_path: Path, http: RangeServer, mount: Callable[..., Mounted]
+) -> None:
+    (http.root / "stalling-refs.json").write_text(json.dumps({"version": 1, "refs": {"a": "x"}}))
+    m = mount(f"{http.url}/stalling-refs.json")
+    http.fault("/stalling-refs.json", "stall", count=-1)
+    m.process.send_signal(signal.SIGHUP)
+    eventually(lambda: "reloading" in m.log(), "the reload to start")
+    for _ in range(3):  # the loop serves while the reload waits on the store
+        start = time.monotonic()
+        assert cat(m.mountpoint / "a") == b"x"
+        assert run(["ls", str(m.mountpoint)]).stdout.split() == ["a"]
+        assert time.monotonic() - start < 5
+    start = time.monotonic()
+    m.process.send_signal(signal.SIGTERM)
+    assert m.process.wait(SETTLE) == 0
+    assert time.monotonic() - start < SETTLE
+    assert not is_mounted(m.mountpoint)

@@ -135,7 +135,7 @@ class Operations(pyfuse3.Operations):
             if op == "lookup":
                 name = os.fsdecode(args[1])
                 return f"{path}/{name}" if path else name
-            return path
+            return path or "/"
         except Exception:  # the message must not fail in turn
             return f"inode {args[0]}" if args else "?"
 

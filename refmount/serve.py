@@ -103,10 +103,11 @@ class Daemon:
         try:
             trio.run(self._main, ready)
             return 0
-        except StartError as exc:
-            fail(f"refmount: {exc}")
-            return 1
         except Exception as exc:
+            start_error = _find(exc, StartError)
+            if start_error is not None:
+                fail(f"refmount: {start_error}")
+                return 1
             log.exception("the daemon failed")
             if not self._ready:
                 fail(f"refmount: the daemon failed while starting: {type(exc).__name__}: {exc}")
@@ -197,3 +198,14 @@ def load_refset(config: Config) -> RefSet:
 
 def _accepts(function: Callable[..., Any], name: str) -> bool:
     return name in inspect.signature(function).parameters
+
+
+def _find(exc: BaseException, kind: type[StartError]) -> StartError | None:
+    """``exc`` if it is a ``kind``, or the first one in a (nested) exception group."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := _find(inner, kind)) is not None:
+                return found
+    return None

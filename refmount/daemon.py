@@ -3,22 +3,32 @@
 Background mode forks before anything starts a thread (trio, fsspec's loop, pyarrow's
 pools): the child loads the reference set, mounts, and writes ``ok`` or the error to a
 pipe once the mount answers; the parent waits for that (bounded), prints any error and
-exits with the child's verdict.  SIGINT and SIGTERM unmount and exit 0.
+exits with the child's verdict.  SIGINT and SIGTERM unmount and exit 0; SIGHUP reloads.
+
+The mount point is claimed first: an exclusive ``flock`` on the directory itself, held
+by the daemon for its life, so that two refmounts started at once on one directory
+cannot both mount there (the loser is told so).  Once mounted, the path leads to the
+mount and the second is refused as "already a mount point".
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import logging.handlers
 import os
 import select
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable
 
 from refmount.options import Config
+from refmount.redaction import Scrubber, ScrubbingFormatter
+
+EXIT_GRACE = 30.0  # seconds a failed background daemon gets to unmount and exit
 
 log = logging.getLogger("refmount")
 
@@ -28,14 +38,19 @@ class MountError(Exception):
 
 
 def run(config: Config) -> int:
-    check_mountpoint(config.mountpoint)
-    if config.foreground:
-        setup_logging(config, background=False)
-        return serve(config, ready=lambda: None)
-    return _run_in_background(config)
+    claim = claim_mountpoint(config.mountpoint, nonempty=config.nonempty)
+    try:
+        if config.foreground:
+            setup_logging(config, background=False)
+            return serve(config, ready=lambda: None)
+        return _run_in_background(config)
+    finally:
+        os.close(claim)  # the daemon holds its own copy for its life
 
 
-def check_mountpoint(path: str) -> None:
+def claim_mountpoint(path: str, *, nonempty: bool = False) -> int:
+    """Check that ``path`` can be mounted on and lock it against a second refmount.
+    Returns the locked descriptor: the lock lasts while any copy of it is open."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -46,12 +61,25 @@ def check_mountpoint(path: str) -> None:
                 f"{path} is a dead FUSE mount; clear it with: fusermount3 -u -z {path}"
             ) from None
         raise MountError(f"mountpoint {path}: {exc.strerror}") from None
-    import stat
-
     if not stat.S_ISDIR(st.st_mode):
         raise MountError(f"mountpoint {path} is not a directory")
-    if os.path.ismount(path):
-        raise MountError(f"{path} is already a mount point")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise MountError(f"mountpoint {path}: {exc.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise MountError(f"another refmount is mounting on {path}") from None
+        if os.path.ismount(path):
+            raise MountError(f"{path} is already a mount point")
+        if not nonempty and os.listdir(fd):
+            raise MountError(f"mountpoint {path} is not empty (--nonempty mounts over it)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def setup_logging(config: Config, *, background: bool) -> None:
@@ -60,11 +88,15 @@ def setup_logging(config: Config, *, background: bool) -> None:
         handler = logging.FileHandler(config.log_file)
     elif background and os.path.exists("/dev/log"):
         handler = logging.handlers.SysLogHandler("/dev/log")
-        handler.setFormatter(logging.Formatter("refmount[%(process)d]: %(message)s"))
     else:
         handler = logging.StreamHandler(sys.stderr)
-    if not isinstance(handler, logging.handlers.SysLogHandler):
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    scrub = Scrubber(config.refs)
+    if isinstance(handler, logging.handlers.SysLogHandler):
+        handler.setFormatter(ScrubbingFormatter(scrub, "refmount[%(process)d]: %(message)s"))
+    else:
+        handler.setFormatter(
+            ScrubbingFormatter(scrub, "%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
     if background and isinstance(handler, logging.StreamHandler) and not config.log_file:
         handler.setLevel(logging.WARNING)  # the user's terminal, until the mount is ready
     root = logging.getLogger()
@@ -92,7 +124,7 @@ def _run_in_background(config: Config) -> int:
         try:
             code = serve(config, ready=ready, on_error=lambda m: _report(write_end, m))
         except BaseException as exc:  # the parent must hear of every failure
-            _report(write_end, f"refmount: {exc}")
+            _report(write_end, Scrubber(config.refs)(f"refmount: {exc}"))
             code = 1
         os._exit(code)
     os.close(write_end)
@@ -142,10 +174,23 @@ def _wait_for_daemon(pid: int, fd: int, config: Config) -> int:
     message = b"".join(chunks).decode(errors="replace")
     if message == "ok":
         return 0
-    _, status = os.waitpid(pid, 0)
+    status = _reap(pid, EXIT_GRACE)
     print(message or f"refmount: the daemon exited ({_describe_status(status)})",
           file=sys.stderr)  # fmt: skip
     return 1
+
+
+def _reap(pid: int, grace: float) -> int:
+    """The status of a daemon that failed to start, killed if it has not exited (and
+    unmounted) within ``grace`` seconds: a failed start leaves no process behind."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]
 
 
 def _describe_status(status: int) -> str:
@@ -162,12 +207,15 @@ def serve(
 ) -> int:
     """Load, mount and serve until told to stop.  Returns the exit status."""
     _refuse_pandas()
+    # SIGHUP reloads once serving; until then it must not kill the daemon.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from refmount.serve import Daemon
 
+    scrub = Scrubber(config.refs)
     try:
         daemon = Daemon.load(config)
     except Exception as exc:
-        message = f"refmount: {exc}"
+        message = scrub(f"refmount: {exc}")
         if on_error is None:
             print(message, file=sys.stderr)
         else:

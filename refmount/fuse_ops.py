@@ -1,12 +1,21 @@
-"""The pyfuse3 Operations: translate FUSE requests to the tree and the cache, nothing more."""
+"""The pyfuse3 Operations: translate FUSE requests to the tree and the cache, nothing more.
+
+Every operation runs behind one error boundary (:func:`_answered`): pyfuse3 catches only
+``FUSEError``, and anything else escaping a handler ends its main loop and unmounts.  A
+failed fetch becomes its errno (logged once per key and operation), and any other
+exception becomes EIO with its traceback logged once.  A key of the reference set never
+answers ENOENT, which means "no such key" to zarr: a missing target is EIO.
+"""
 
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import json
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,13 +25,19 @@ from refmount.cache import BlockCache
 from refmount.errors import FetchError
 from refmount.fetch import FetchStats, redact
 from refmount.refs.model import Ref
-from refmount.tree import ROOT_INODE, Node, Tree
+from refmount.tree import ROOT_INODE, Node, StaleInode, Tree
 
 log = logging.getLogger(__name__)
 
 #: The tree never changes while mounted (a reload invalidates explicitly): cache for long.
 CACHE_SECONDS = 3600.0
 XATTR_PREFIX = "user.refmount."
+#: Distinct failures remembered for logging once; past this the memory starts afresh.
+LOGGED_FAILURES = 10_000
+#: Negative entries remembered so that a reload can invalidate them; past this, further
+#: ones are cached by the kernel only briefly instead.
+NEGATIVE_ENTRIES = 65_536
+UNTRACKED_NEGATIVE_SECONDS = 1.0
 
 
 @dataclass(slots=True)
@@ -32,8 +47,67 @@ class OpenFile:
     size: int
 
 
+class OnceLog:
+    """Remembers what was logged, so that a failure repeated on every READ is logged
+    once; bounded, so that a million failing keys cannot grow it without end."""
+
+    def __init__(self, limit: int = LOGGED_FAILURES) -> None:
+        self._seen: set[tuple[str, ...]] = set()
+        self._limit = limit
+
+    def first(self, *what: str) -> bool:
+        if what in self._seen:
+            return False
+        if len(self._seen) >= self._limit:
+            self._seen.clear()
+        self._seen.add(what)
+        return True
+
+
+def reader_errno(op: str, exc: FetchError) -> int:
+    """The errno a reader sees for a failed fetch.  The target of an existing key that
+    is missing or forbidden is EIO (EACCES only at open): ENOENT would tell zarr that the
+    key does not exist, and it would read fill values instead of failing."""
+    if exc.errno == errno.ENOENT or (exc.errno == errno.EACCES and op != "open"):
+        return errno.EIO
+    return exc.errno
+
+
+Handler = Callable[..., Awaitable[Any]]
+
+
+def _answered(op: str, handler: Handler) -> Handler:
+    """``handler`` behind the error boundary: only FUSEError ever leaves it."""
+
+    @functools.wraps(handler)
+    async def answer(self: Operations, *args: Any) -> Any:
+        try:
+            return await handler(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except StaleInode:
+            raise pyfuse3.FUSEError(errno.ESTALE) from None
+        except FetchError as exc:
+            subject = self._subject(op, args)
+            if self._logged.first(op, subject, str(exc)):
+                log.warning("%s of %r failed: %s", op, subject, exc)
+            raise pyfuse3.FUSEError(reader_errno(op, exc)) from None
+        except Exception as exc:
+            subject = self._subject(op, args)
+            if self._logged.first(op, subject, type(exc).__name__):
+                log.exception("%s of %r failed unexpectedly: answered EIO", op, subject)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return answer
+
+
 class Operations(pyfuse3.Operations):
-    """A read-only filesystem over a :class:`Tree`, reading through a :class:`BlockCache`."""
+    """A read-only filesystem over a :class:`Tree`, reading through a :class:`BlockCache`.
+
+    ``tree`` may be replaced while mounted (a reload): each request reads it once at its
+    start and works on that tree to its end.  For the reload, it counts the file inodes
+    the kernel holds (lookups and listed entries, less what it forgets) and remembers the
+    names the kernel caches as missing."""
 
     def __init__(
         self, tree: Tree, cache: BlockCache, fetch_stats: FetchStats, *, xattrs: bool = False
@@ -45,25 +119,43 @@ class Operations(pyfuse3.Operations):
         self.fetch_stats = fetch_stats
         self._open: dict[int, OpenFile] = {}
         self._handles = itertools.count(1)
-        self._failed: set[tuple[str, str]] = set()
+        self._logged = OnceLog()
+        self.known: dict[int, int] = {}  # file inode -> the kernel's lookup count
+        self.negatives: set[tuple[int, str]] = set()  # (parent inode, name) cached missing
+
+    def _subject(self, op: str, args: tuple[Any, ...]) -> str:
+        """What a failed request was about (a key or directory path), for its message."""
+        try:
+            if op in ("read", "release"):
+                handle = self._open.get(args[0])
+                return handle.key if handle else f"handle {args[0]}"
+            if not args or not isinstance(args[0], int):
+                return "/"
+            path = self.tree.path(args[0])
+            if op == "lookup":
+                name = os.fsdecode(args[1])
+                return f"{path}/{name}" if path else name
+            return path or "/"
+        except Exception:  # the message must not fail in turn
+            return f"inode {args[0]}" if args else "?"
 
     # -- attributes -----------------------------------------------------------------------
 
-    def _template(self) -> pyfuse3.EntryAttributes:
+    def _template(self, tree: Tree) -> pyfuse3.EntryAttributes:
         """Attributes every entry shares; per-entry fields are filled in by the caller."""
         attr = pyfuse3.EntryAttributes()
         attr.st_blksize = 1 << 20
-        attr.st_uid = self.tree.owner.uid
-        attr.st_gid = self.tree.owner.gid
-        mtime_ns = int(self.tree.refset.mtime * 1e9)
+        attr.st_uid = tree.owner.uid
+        attr.st_gid = tree.owner.gid
+        mtime_ns = int(tree.refset.mtime * 1e9)
         attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = mtime_ns
         attr.entry_timeout = attr.attr_timeout = CACHE_SECONDS
         return attr
 
     def _attributes(
-        self, node: Node, attr: pyfuse3.EntryAttributes | None = None
+        self, tree: Tree, node: Node, attr: pyfuse3.EntryAttributes | None = None
     ) -> pyfuse3.EntryAttributes:
-        attr = attr or self._template()
+        attr = attr or self._template(tree)
         attr.st_ino = node.inode
         attr.st_mode = node.mode
         attr.st_nlink = node.nlink
@@ -71,37 +163,47 @@ class Operations(pyfuse3.Operations):
         attr.st_blocks = (node.size + 511) // 512
         return attr
 
-    async def _node(self, inode: int) -> Node:
-        try:
-            return await self.tree.node(inode)
-        except FetchError as exc:
-            self._warn_once(self.tree.path(inode), "size", exc)
-            raise pyfuse3.FUSEError(exc.errno) from None
-
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
-        try:
-            inode = await self.tree.lookup(parent_inode, os.fsdecode(name))
-        except FetchError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
+        tree = self.tree
+        text = os.fsdecode(name)
+        inode = await tree.lookup(parent_inode, text)
         if inode is None:
             # A negative entry the kernel may cache: zarr readers probe many missing keys.
             attr = pyfuse3.EntryAttributes()
             attr.st_ino = 0
             attr.entry_timeout = CACHE_SECONDS
+            if len(self.negatives) < NEGATIVE_ENTRIES:
+                self.negatives.add((parent_inode, text))
+            else:
+                attr.entry_timeout = UNTRACKED_NEGATIVE_SECONDS
             return attr
-        return self._attributes(await self._node(inode))
+        attr = self._attributes(tree, await tree.node(inode))
+        if not tree.is_dir(inode):
+            self.known[inode] = self.known.get(inode, 0) + 1
+        return attr
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        known = self.known
+        for inode, count in inode_list:
+            left = known.get(inode, 0) - count
+            if left > 0:
+                known[inode] = left
+            else:
+                known.pop(inode, None)
 
     async def getattr(self, inode: int, ctx: Any = None) -> Any:
-        if self.tree.is_dir(inode) and self.tree.dir_path(inode) is None:
+        tree = self.tree
+        if tree.is_dir(inode) and tree.dir_path(inode) is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
-        return self._attributes(await self._node(inode))
+        return self._attributes(tree, await tree.node(inode))
 
     # -- directories ----------------------------------------------------------------------
 
     async def opendir(self, inode: int, ctx: Any) -> int:
-        if not self.tree.is_dir(inode):
+        tree = self.tree
+        if not tree.is_dir(inode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        if self.tree.dir_path(inode) is None:
+        if tree.dir_path(inode) is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return inode
 
@@ -110,25 +212,24 @@ class Operations(pyfuse3.Operations):
         # The kernel copies the attributes at once, so one object serves every entry, and
         # a file entry sets only what differs between files: a listing may be millions
         # of entries, and each attribute set is a call.
-        attr = self._template()
-        file_mode = self.tree.file_mode
+        tree = self.tree
+        attr = self._template(tree)
+        file_mode = tree.file_mode
         reply = pyfuse3.readdir_reply
-        try:
-            entries = await self.tree.listing(fh, after=start_id - 1)
-        except FetchError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
+        known = self.known
+        entries = await tree.listing(fh, after=start_id - 1)
         as_file = False  # attr holds a file's mode and nlink
         uncached = False  # attr holds timeouts of 0
         for name, inode, size, cursor in entries:
-            if size is None and self.tree.is_dir(inode):
-                self._attributes(await self._node(inode), attr)
+            if size is None and tree.is_dir(inode):
+                self._attributes(tree, await tree.node(inode), attr)
                 as_file = False
             else:
                 if not as_file:
                     attr.st_mode = file_mode
                     attr.st_nlink = 1
                     as_file = True
-                if size is None and (size := self.tree.listed_size(inode)) is None:
+                if size is None and (size := tree.listed_size(inode)) is None:
                     # A whole remote file whose size the store has not told yet: a listing
                     # never waits on a remote, so list it with attributes the kernel may
                     # not keep; stat or open asks again (and waits, or gets the error).
@@ -140,6 +241,8 @@ class Operations(pyfuse3.Operations):
                 attr.st_blocks = (size + 511) // 512
             if not reply(token, name.encode("utf-8", "surrogateescape"), attr, cursor + 1):
                 return
+            if as_file:  # readdirplus: the kernel now holds the entry, as after a lookup
+                known[inode] = known.get(inode, 0) + 1
             if uncached:
                 attr.entry_timeout = attr.attr_timeout = CACHE_SECONDS
                 uncached = False
@@ -150,21 +253,19 @@ class Operations(pyfuse3.Operations):
     # -- files ----------------------------------------------------------------------------
 
     async def open(self, inode: int, flags: int, ctx: Any) -> Any:
-        if self.tree.is_dir(inode):
+        tree = self.tree
+        if tree.is_dir(inode):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             raise pyfuse3.FUSEError(errno.EROFS)
-        try:
-            ref = await self.tree.ref(inode)
-            size = await self.tree.size(ref)
-        except FetchError as exc:
-            self._warn_once(self.tree.key(inode), "size", exc)
-            raise pyfuse3.FUSEError(exc.errno) from None
+        ref = await tree.ref(inode)
+        size = await tree.size(ref)
         fh = next(self._handles)
-        self._open[fh] = OpenFile(self.tree.key(inode), ref, size)
+        self._open[fh] = OpenFile(tree.key(inode), ref, size)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
+        # The open file holds its reference: a reload does not change what it reads.
         handle = self._open[fh]
         end = min(off + size, handle.size)
         if off >= end:
@@ -173,13 +274,9 @@ class Operations(pyfuse3.Operations):
         if ref.data is not None:
             return ref.data[off:end]
         assert ref.url is not None
-        try:
-            return await self.cache.read_buffer(
-                ref.url, ref.offset + off, ref.offset + end, (ref.offset, ref.offset + handle.size)
-            )
-        except FetchError as exc:
-            self._warn_once(handle.key, "read", exc)
-            raise pyfuse3.FUSEError(exc.errno) from None
+        return await self.cache.read_buffer(
+            ref.url, ref.offset + off, ref.offset + end, (ref.offset, ref.offset + handle.size)
+        )
 
     async def release(self, fh: int) -> None:
         self._open.pop(fh, None)
@@ -187,12 +284,13 @@ class Operations(pyfuse3.Operations):
     # -- extended attributes: where bytes come from, and the mount's counters -------------
 
     async def _xattrs(self, inode: int) -> dict[str, str]:
+        tree = self.tree
         if inode == ROOT_INODE:
             counters = {**self.fetch_stats.as_dict(), **self.cache.stats()}
             return {"stats": json.dumps(counters, sort_keys=True)}
-        if self.tree.is_dir(inode):
+        if tree.is_dir(inode):
             return {}
-        ref = await self.tree.ref(inode)
+        ref = await tree.ref(inode)
         if ref.data is not None:
             return {"source": "inline", "length": str(len(ref.data))}
         assert ref.url is not None
@@ -227,12 +325,6 @@ class Operations(pyfuse3.Operations):
         stats.f_namemax = 255
         return stats
 
-    def _warn_once(self, key: str, what: str, exc: FetchError) -> None:
-        """Log a key's failure once, not once per READ (the fetcher logs each URL once)."""
-        if (key, what) not in self._failed and len(self._failed) < 10_000:
-            self._failed.add((key, what))
-            log.warning("%s of %r failed: %s", what, key, exc)
-
 
 async def _refuse_write(self: Operations, *args: Any) -> Any:
     raise pyfuse3.FUSEError(errno.EROFS)
@@ -243,3 +335,9 @@ for _name in (
     "link", "setxattr", "removexattr",
 ):  # fmt: skip
     setattr(Operations, _name, _refuse_write)
+
+for _name in (
+    "lookup", "forget", "getattr", "opendir", "readdir", "releasedir", "open", "read",
+    "release", "getxattr", "listxattr", "statfs",
+):  # fmt: skip
+    setattr(Operations, _name, _answered(_name, getattr(Operations, _name)))

@@ -49,6 +49,15 @@ IGNORED = frozenset(
 )
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
+#: Bounds of values the kernel, libfuse or pyfuse3 can hold, and of sane ones.
+MAX_ID = (1 << 32) - 2  # uid_t/gid_t; (uid_t)-1 means "no owner"
+MAX_BACKGROUND = (1 << 16) - 1  # fuse_init_out.max_background is 16 bits
+MAX_READ_AHEAD_KB = 1 << 20  # 1 GiB of read-ahead per stream is already absurd
+MAX_RETRIES = 20  # the backoff doubles each retry: 20 is hours already
+MAX_REQUESTS = 1 << 16
+MAX_SECONDS = 86400.0 * 7  # a week: longer deadlines are mistakes, and overflow select()
+REFS_ENV = "REFMOUNT_REFS"
+
 
 class UsageError(Exception):
     """Options that make no sense; the message says which."""
@@ -81,6 +90,9 @@ class Config:
     log_level: str = "INFO"
     log_file: str | None = None
     ready_timeout: float = 600.0
+    nonempty: bool = False
+    max_refs_size: int | None = None
+    reload_interval: float | None = None
 
 
 def parse_size(text: str) -> int:
@@ -90,6 +102,26 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512M or 2G)")
     number, unit, _ = match.groups()
     return int(float(number) * 1024 ** "bkmgt".index(unit.lower() or "b"))
+
+
+def memory_size(text: str) -> int:
+    """A size of memory to use: at least 1 MiB, at most the machine's memory."""
+    value = parse_size(text)
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if not 1 << 20 <= value <= physical:
+        raise argparse.ArgumentTypeError(
+            f"must be between 1M and this machine's memory ({human_size(physical)}): {text!r}"
+        )
+    return value
+
+
+def human_size(size: int) -> str:
+    """``1073741824`` -> ``1G``: the shortest exact way to write a size."""
+    for unit in "TGMK":
+        scale = 1024 ** ("BKMGT".index(unit))
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
 
 
 def parse_json_object(text: str) -> dict[str, Any]:
@@ -116,29 +148,31 @@ def parse_octal(text: str) -> int:
     return value
 
 
-def at_least(minimum: int) -> Callable[[str], int]:
-    """An integer option that must be ``minimum`` or more."""
+def whole_number(minimum: int, maximum: int) -> Callable[[str], int]:
+    """An integer option from ``minimum`` to ``maximum``."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}: {text!r}")
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be {minimum} to {maximum}: {text!r}")
         return value
 
     return parse
 
 
 def seconds(text: str) -> float:
-    """A positive, finite number of seconds."""
+    """A positive number of seconds, at most :data:`MAX_SECONDS`."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds above 0 and at most {MAX_SECONDS:g}: {text!r}"
+        )
     return value
 
 
@@ -147,10 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="refmount",
         description="Mount a kerchunk/fsspec reference set (JSON or Parquet) as a read-only "
         "directory tree.",
-        epilog="Every long option may also be given as -o name=value (fstab).",
+        epilog="Every long option may also be given as -o name=value (fstab).  REFS may be "
+        f"left out when ${REFS_ENV} holds it; @FILE reads it from FILE's first line: "
+        "either way a URL with credentials stays out of the process list.",
     )
-    p.add_argument("refs", help="reference set: JSON file (plain/gzip/bz2/xz/zstd) or "
-                   "Parquet directory, a local path or any fsspec URL")  # fmt: skip
+    p.add_argument(
+        "refs",
+        nargs="?",
+        help="reference set: JSON file (plain/gzip/bz2/xz/zstd) or Parquet directory, a "
+        f"local path or any fsspec URL; @FILE to read it from a file (default: ${REFS_ENV})",
+    )
     p.add_argument("mountpoint", help="an existing, empty directory")
     p.add_argument(
         "-o",
@@ -196,63 +236,84 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let a reference set that is not local point at local files",
     )
+    g.add_argument(
+        "--max-refs-size",
+        type=parse_size,
+        metavar="SIZE",
+        help="refuse a reference set larger than this, read or decompressed",
+    )
+    g.add_argument(
+        "--reload-interval",
+        type=seconds,
+        metavar="S",
+        help="check REFS every S seconds (its ETag, mtime or size) and reload it when it "
+        "changed; SIGHUP reloads at any time",
+    )
     g = p.add_argument_group("reading")
     g.add_argument(
         "--cache-size",
-        type=parse_size,
+        type=memory_size,
         default=Config.cache_size,
         metavar="SIZE",
-        help="memory for cached and read-ahead blocks (default 1G)",
+        help=f"memory for cached and read-ahead blocks (default {human_size(Config.cache_size)})",
     )
     g.add_argument(
         "--timeout",
         type=seconds,
         default=Config.timeout,
         metavar="S",
-        help="deadline of one remote request attempt (default 30)",
+        help="deadline of one remote request attempt (default %(default)g)",
     )
     g.add_argument(
         "--retries",
-        type=at_least(0),
+        type=whole_number(0, MAX_RETRIES),
         default=Config.retries,
         metavar="N",
-        help="further attempts after a transient failure (default 3)",
+        help="further attempts after a transient failure (default %(default)s)",
     )
     g.add_argument(
         "--max-requests",
-        type=at_least(1),
+        type=whole_number(1, MAX_REQUESTS),
         default=Config.max_requests,
         metavar="N",
-        help="remote requests in flight, all hosts (default 64)",
+        help="remote requests in flight, all hosts (default %(default)s)",
     )
     g.add_argument(
         "--max-requests-per-host",
-        type=at_least(1),
+        type=whole_number(1, MAX_REQUESTS),
         default=Config.max_requests_per_host,
         metavar="N",
-        help="remote requests in flight to one host (default 32)",
+        help="remote requests in flight to one host (default %(default)s)",
     )
     g.add_argument(
         "--read-ahead-kb",
-        type=at_least(0),
+        type=whole_number(0, MAX_READ_AHEAD_KB),
         default=Config.read_ahead_kb,
         metavar="KB",
-        help="kernel read-ahead set on the mount (default 16384)",
+        help="kernel read-ahead set on the mount (default %(default)s)",
     )
     g.add_argument(
         "--max-background",
-        type=at_least(1),
+        type=whole_number(1, MAX_BACKGROUND),
         default=Config.max_background,
         metavar="N",
-        help="kernel FUSE requests in flight (default 64)",
+        help="kernel FUSE requests in flight (default %(default)s)",
     )
     g = p.add_argument_group("ownership and access")
     g.add_argument("--allow-other", action="store_true", help="let other users read the mount")
     g.add_argument("--allow-root", action="store_true", help="let root read the mount")
-    g.add_argument("--uid", type=at_least(0), default=None, help="owner of every entry")
-    g.add_argument("--gid", type=at_least(0), default=None, help="group of every entry")
+    g.add_argument("--uid", type=whole_number(0, MAX_ID), default=None, help="owner of every entry")
+    g.add_argument("--gid", type=whole_number(0, MAX_ID), default=None, help="group of every entry")
     g.add_argument("--umask", type=parse_octal, default=0, help="mask over 0444/0555 (octal)")
-    g.add_argument("--fsname", help="source name shown in mount tables (default: REFS)")
+    g.add_argument(
+        "--fsname",
+        help="source name shown in mount tables (default: REFS, credentials removed)",
+    )
+    g.add_argument(
+        "--nonempty",
+        action="store_true",
+        help="mount over a directory that is not empty (hiding what it holds)",
+    )
     g.add_argument(
         "--xattrs",
         action="store_true",
@@ -262,7 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("logging and life cycle")
     g.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper
+        "--log-level",
+        default=Config.log_level,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
     )
     g.add_argument(
         "--log-file",
@@ -275,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=seconds,
         default=Config.ready_timeout,
         metavar="S",
-        help="how long the background start waits for the mount (default 600)",
+        help="how long the background start waits for the mount (default %(default)g)",
     )
     return p
 
@@ -336,7 +400,31 @@ def parse_args(argv: list[str]) -> Config:
         args.log_level = "DEBUG"
     values = {k: v for k, v in vars(args).items() if k != "mount_options" and v is not None}
     values["remote_options"] = per_protocol(args.remote_options, args.remote_protocol)
+    try:
+        values["refs"] = refs_location(args.refs)
+    except UsageError as exc:
+        parser.error(str(exc))
     return Config(**values)
+
+
+def refs_location(given: str | None) -> str:
+    """REFS as given, read from ``@FILE``, or from ``$REFMOUNT_REFS`` when not given: the
+    last two keep a URL with credentials out of the process list (and of fstab)."""
+    if given is None:
+        given = os.environ.get(REFS_ENV, "").strip()
+        if not given:
+            raise UsageError(f"REFS is needed (or set ${REFS_ENV})")
+    if not given.startswith("@"):
+        return given
+    path = given[1:]
+    try:
+        with open(path) as file:
+            location = file.readline().strip()
+    except OSError as exc:
+        raise UsageError(f"cannot read REFS from {path}: {exc.strerror}") from None
+    if not location:
+        raise UsageError(f"{path} holds no REFS")
+    return location
 
 
 def per_protocol(options: dict[str, Any], remote_protocol: str | None) -> dict[str, dict]:

@@ -1,4 +1,9 @@
-"""One mounted reference set: its parts wired together, mounted, and served under trio."""
+"""One mounted reference set: its parts wired together, mounted, and served under trio.
+
+Until the mount answers, any failure (the first stat through the mount failing or not
+answering within :data:`READY_DEADLINE`, a task dying) is a failed start: the message
+goes to the caller, the mount is taken down, and the daemon exits with status 1.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pyfuse3
 import trio
@@ -19,18 +25,26 @@ from refmount.fuse_ops import Operations
 from refmount.notify import notify
 from refmount.options import Config
 from refmount.progress import LoadProgress
-from refmount.refs import open_refset
+from refmount.redaction import Scrubber, shown
+from refmount.refs import RefSet, open_refset
+from refmount.reload import Reloader
 from refmount.tree import Owner, Tree
 from refmount.tuning import tune_kernel
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE = 1.0  # seconds requests in flight may finish in after SIGTERM
+READY_DEADLINE = 60.0  # seconds the first stat through the new mount may take
+
+
+class StartError(Exception):
+    """The mount was made but does not work; the message says why."""
 
 
 def mount_options(config: Config) -> set[str]:
     """What pyfuse3 passes to libfuse.  Always read-only, no devices, no setuid."""
-    fsname = (config.fsname or config.refs).replace("\\", "\\\\").replace(",", "\\,")
+    source = config.fsname or shown(config.refs)
+    fsname = source.replace("\\", "\\\\").replace(",", "\\,")
     options = {
         f"fsname={fsname}",
         "subtype=refmount",
@@ -58,14 +72,7 @@ class Daemon:
     def load(cls, config: Config) -> Daemon:
         notify("STATUS=loading the reference set")
         with LoadProgress.for_command(config.refs) as progress:
-            refset = open_refset(
-                config.refs,
-                storage_options=config.refs_options,
-                remote_protocol=config.remote_protocol,
-                allow_local=config.allow_local,
-                timeout=config.timeout,
-                progress=progress,
-            )
+            refset = load_refset(config, progress)
         fetcher = Fetcher(
             remote_options=config.remote_options,
             policy=FetchPolicy(
@@ -93,30 +100,54 @@ class Daemon:
 
     def run(self, ready: Callable[[], None], on_error: Callable[[str], None] | None) -> int:
         mountpoint = self.config.mountpoint
+        scrub = Scrubber(self.config.refs)
+
+        def fail(message: str) -> None:
+            if on_error is None:
+                log.error("%s", scrub(message))
+            else:
+                on_error(scrub(message))
+
         try:
             pyfuse3.init(self.operations, mountpoint, mount_options(self.config))
         except RuntimeError as exc:
-            message = f"refmount: cannot mount {mountpoint}: {exc}"
-            if on_error is None:
-                log.error("%s", message)
-            else:
-                on_error(message)
+            fail(f"refmount: cannot mount {mountpoint}: {exc}")
             return 1
+        self._ready = False
         try:
             trio.run(self._main, ready)
+            return 0
+        except Exception as exc:
+            start_error = _find(exc, StartError)
+            if start_error is not None:
+                fail(f"refmount: {start_error}")
+                return 1
+            log.exception("the daemon failed")
+            if not self._ready:
+                fail(f"refmount: the daemon failed while starting: {type(exc).__name__}: {exc}")
+            return 1
         finally:
             pyfuse3.close(unmount=True)
             self.operations.tree.refset.close()
             self.cache.fetcher.close()
             log.info("unmounted %s", mountpoint)
-        return 0
 
     async def _main(self, ready: Callable[[], None]) -> None:
+        reloader = Reloader(
+            self.config,
+            self.operations,
+            self.cache,
+            load_refset,
+            self.control.state.record_reload,
+        )
         async with trio.open_nursery() as nursery:
             await nursery.start(self.cache.run)
             await nursery.start(self.control.run)
-            nursery.start_soon(self._stop_on_signals, nursery.cancel_scope)
+            nursery.start_soon(self._on_signals, nursery.cancel_scope, reloader)
             nursery.start_soon(self._announce_when_ready, ready)
+            nursery.start_soon(reloader.run)
+            if self.config.reload_interval is not None:
+                nursery.start_soon(reloader.poll, self.config.reload_interval)
             # Requests in flight may exceed the kernel's background limit (reads) plus
             # foreground ones (lookups): leave room for both.
             await pyfuse3.main(max_tasks=self.config.max_background * 2 + 16)
@@ -124,13 +155,17 @@ class Daemon:
 
     async def _announce_when_ready(self, ready: Callable[[], None]) -> None:
         """Signal readiness once the mount answers (a stat through FUSE, from a thread so
-        that this loop can serve it), after tuning the kernel's read-ahead.
-
-        The stat is abandoned when a stop comes first: once the loop stops reading
-        requests nobody answers it, and a wait for the thread would keep the daemon from
-        closing the session, which is what ends the stat (and the kernel's wait)."""
+        that this loop can serve it), after tuning the kernel's read-ahead.  A stat that
+        fails, or has no answer within the deadline, is a failed start."""
         mountpoint = self.config.mountpoint
-        await trio.to_thread.run_sync(os.stat, mountpoint, abandon_on_cancel=True)
+        deadline = min(READY_DEADLINE, self.config.ready_timeout)
+        with trio.move_on_after(deadline) as waited:
+            try:
+                await trio.to_thread.run_sync(os.stat, mountpoint, abandon_on_cancel=True)
+            except OSError as exc:
+                raise StartError(f"the new mount on {mountpoint} fails: {exc.strerror}") from None
+        if waited.cancelled_caught:
+            raise StartError(f"the new mount on {mountpoint} did not answer within {deadline:g} s")
         await trio.to_thread.run_sync(
             lambda: tune_kernel(
                 mountpoint,
@@ -138,16 +173,22 @@ class Daemon:
                 max_background=self.config.max_background,
             )
         )
-        log.info("mounted %s on %s", self.config.refs, mountpoint)
-        notify(f"READY=1\nSTATUS=serving {self.config.refs}")
+        log.info("mounted %s on %s", shown(self.config.refs), mountpoint)
+        notify(f"READY=1\nSTATUS=serving {shown(self.config.refs)}")
+        self._ready = True
         ready()
         await self.cache.fetcher.prepare(sorted(self.operations.tree.refset.protocols()))
 
-    async def _stop_on_signals(self, scope: trio.CancelScope) -> None:
-        """Unmount on SIGINT or SIGTERM: requests in flight get a short grace, then are
-        cancelled, so a read waiting on a stalled store does not hold up the stop."""
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    async def _on_signals(self, scope: trio.CancelScope, reloader: Reloader) -> None:
+        """Reload on SIGHUP.  Unmount on SIGINT or SIGTERM: requests in flight get a short
+        grace, then are cancelled, so a read waiting on a stalled store does not hold up
+        the stop."""
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             async for signum in signals:
+                if signum == signal.SIGHUP:
+                    log.info("received SIGHUP: reloading")
+                    reloader.request()
+                    continue
                 log.info("received %s: unmounting", signal.Signals(signum).name)
                 notify("STOPPING=1")
                 pyfuse3.terminate()
@@ -157,6 +198,33 @@ class Daemon:
                 return
 
 
+def load_refset(config: Config, progress: Callable[[str, int, int], None] | None = None) -> RefSet:
+    """Read REFS with the configured options and bounds (raises RefsError)."""
+    options: dict[str, Any] = {}
+    if config.max_refs_size is not None:
+        options["max_refs_bytes"] = config.max_refs_size
+    return open_refset(
+        config.refs,
+        storage_options=config.refs_options,
+        remote_protocol=config.remote_protocol,
+        allow_local=config.allow_local,
+        timeout=config.timeout,
+        progress=progress,
+        **options,
+    )
+
+
 def _key_count(refset: object) -> int | None:
     """Keys of a set held in memory; None for one loaded lazily (Parquet)."""
     return len(refset) if hasattr(refset, "__len__") else None
+
+
+def _find(exc: BaseException, kind: type[StartError]) -> StartError | None:
+    """``exc`` if it is a ``kind``, or the first one in a (nested) exception group."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := _find(inner, kind)) is not None:
+                return found
+    return None

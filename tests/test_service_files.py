@@ -116,11 +116,11 @@ def test_the_user_unit_lets_setuid_fusermount3_work() -> None:
 
 def test_the_example_conf_is_a_valid_refmount_command(tmp_path: Path) -> None:
     conf = environment_file(EXAMPLES / "mnt-data.conf")
-    assert set(conf) == {"REFS", "REFMOUNT_OPTIONS"}
+    assert set(conf) == {"REFMOUNT_REFS", "REFMOUNT_OPTIONS"}
     remote = tmp_path / "remote.json"
     remote.write_text(json.dumps({"anon": True}))
     options = conf["REFMOUNT_OPTIONS"].replace("@/etc/refmount/remote.json", f"@{remote}")
-    config = parse_args([*shlex.split(options), conf["REFS"], "/mnt/data"])
+    config = parse_args([*shlex.split(options), conf["REFMOUNT_REFS"], "/mnt/data"])
     assert config.allow_other and config.cache_size == 2 << 30 and config.timeout == 20
     assert config.remote_options == {"*": {"anon": True}}
 
@@ -171,7 +171,7 @@ def test_the_daily_refresh_replaces_a_set_only_when_it_checks(tmp_path: Path) ->
     (data / "2026" / "day1.nc").write_bytes(b"one")
     refs = tmp_path / "refs.json"
     generator = f"{sys.executable} {EXAMPLES / 'files-to-refs.py'}"
-    env = {**os.environ, "REFS": str(refs), "REFRESH": f"{generator} {data}"}
+    env = {**os.environ, "REFMOUNT_REFS": str(refs), "REFRESH": f"{generator} {data}"}
 
     def refresh(**extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -31,6 +31,8 @@ def test_unit_keeps_the_mount_visible() -> None:
     settings = [line for line in UNIT.read_text().splitlines() if not line.startswith("#")]
     text = "\n".join(settings)
     assert "Type=notify" in text and "ExecStopPost=-/bin/fusermount3 -u -z %f" in text
+    assert "ExecReload=/bin/kill -HUP $MAINPID" in text  # systemctl reload
+    assert "${REFS}" not in text  # REFS comes by $REFMOUNT_REFS: not in the process list
     for forbidden in ("PrivateTmp", "ProtectSystem", "ProtectHome", "PrivateDevices"):
         assert forbidden not in text
 

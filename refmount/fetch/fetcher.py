@@ -73,8 +73,9 @@ def redact(url: str) -> str:
     if not parts.scheme or parts.scheme in LOCAL_PROTOCOLS:
         return url
     netloc = parts.hostname or ""
-    if parts.port:
-        netloc = f"{netloc}:{parts.port}"
+    port = parts.netloc.rpartition("@")[2].rpartition(":")[2]
+    if port.isdigit():  # parts.port raises on a chained URL's "zip://a::file:..."
+        netloc = f"{netloc}:{port}"
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 

@@ -17,7 +17,14 @@ import json
 import os
 import sys
 
-from refmount.options import at_least, parse_args, parse_json_object, per_protocol, seconds
+from refmount.options import (
+    MAX_RETRIES,
+    parse_args,
+    parse_json_object,
+    per_protocol,
+    seconds,
+    whole_number,
+)
 
 SUBCOMMANDS = ("check", "status")
 
@@ -73,7 +80,7 @@ def check_parser() -> argparse.ArgumentParser:
     p.add_argument("refs", help="reference set, as for mounting")
     p.add_argument(
         "--probe",
-        type=at_least(0),
+        type=whole_number(0, 1_000_000),
         default=0,
         metavar="N",
         help="also ask N targets, drawn at random, for their size",
@@ -113,7 +120,7 @@ def check_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--retries",
-        type=at_least(0),
+        type=whole_number(0, MAX_RETRIES),
         default=3,
         metavar="N",
         help="further attempts after a transient probe failure (default 3)",

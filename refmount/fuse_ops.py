@@ -22,8 +22,9 @@ from typing import Any
 import pyfuse3
 
 from refmount.cache import BlockCache
+from refmount.display import display_url
 from refmount.errors import FetchError
-from refmount.fetch import FetchStats, redact
+from refmount.fetch import FetchStats
 from refmount.refs.model import Ref
 from refmount.tree import ROOT_INODE, Node, StaleInode, Tree
 
@@ -294,7 +295,8 @@ class Operations(pyfuse3.Operations):
         if ref.data is not None:
             return {"source": "inline", "length": str(len(ref.data))}
         assert ref.url is not None
-        found = {"source": "range" if ref.length is not None else "file", "url": redact(ref.url)}
+        source = "range" if ref.length is not None else "file"
+        found = {"source": source, "url": display_url(ref.url)}
         found["offset"] = str(ref.offset)
         if ref.length is not None:
             found["length"] = str(ref.length)

@@ -654,8 +654,11 @@ def test_extended_attributes_tell_where_bytes_come_from(
     (http.root / name).write_bytes(data)
     url = f"{http.url}/{name}"
     secret_url = url.replace("http://", "http://user:hunter2@") + "?token=s3cr3t"
+    local = tmp_path / "local.bin"
+    local.write_bytes(data)
     refs = write_json(tmp_path, {"version": 1, "refs": {
         "range": [url, 100, 2000], "inline": "hello", "whole": [url], "secret": [secret_url, 0, 10],
+        "local": [str(local), 0, 10],
     }})  # fmt: skip
     m = mount(refs, "--xattrs")
 
@@ -674,6 +677,7 @@ def test_extended_attributes_tell_where_bytes_come_from(
     secret = xattrs(m.mountpoint / "secret")
     assert secret["user.refmount.url"] == url  # no user info, no query
     assert "hunter2" not in json.dumps(secret) and "s3cr3t" not in json.dumps(secret)
+    assert xattrs(m.mountpoint / "local")["user.refmount.url"] == f"file://{local}"
     assert set(xattrs(m.mountpoint)) == {"user.refmount.stats"}
     missing = run(["getfattr", "-n", "user.refmount.nothing", str(m.mountpoint / "range")])
     assert missing.returncode != 0 and "No such attribute" in missing.stderr

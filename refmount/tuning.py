@@ -8,12 +8,17 @@ daemon (GETATTR).  It must therefore run in a thread or process other than the o
 serving FUSE requests, e.g. ``await trio.to_thread.run_sync(tune_kernel, ...)`` from the
 daemon once ``pyfuse3.main`` is running, or from the parent process after the mount is
 ready: called from the serving thread it would deadlock.
+
+The background limit lives in fusectl (``/sys/fs/fuse/connections``).  systemd mounts it
+at boot; a bare container or a fresh VM may not, and then only root can mount it:
+``tune_kernel`` does so, best effort, when the mount's directory is missing there.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -35,6 +40,8 @@ def tune_kernel(mountpoint: str, *, read_ahead_kb: int, max_background: int) -> 
     except OSError as exc:
         log.warning("cannot tune the kernel for %s: stat failed: %s", mountpoint, exc)
         return
+    if not (CONNECTIONS_ROOT / str(minor)).exists():
+        mount_fusectl(CONNECTIONS_ROOT)
     congestion = max(1, max_background * 3 // 4)
     settings = [
         (BDI_ROOT / f"0:{minor}" / "read_ahead_kb", read_ahead_kb),
@@ -53,4 +60,40 @@ def _write(path: Path, value: int) -> bool:
         log.log(level, "could not set %s to %d: %s", path, value, exc)
         return False
     log.debug("set %s to %d", path, value)
+    return True
+
+
+def mount_fusectl(path: Path) -> bool:
+    """Mount the FUSE control filesystem on ``path`` if it is not mounted; True if it is
+    mounted afterwards.  Best effort and logged: only root may mount it, and only an
+    existing empty directory that is not a mount point is used (a non-empty one means
+    something else lives there)."""
+    if os.path.ismount(path):
+        return True
+    if not path.is_dir() or any(path.iterdir()):
+        log.debug("fusectl: %s is not an empty directory: not mounting it", path)
+        return False
+    if os.geteuid() != 0:
+        log.warning(
+            "fusectl is not mounted on %s and only root can mount it: the background"
+            " request limit stays at the kernel default (mount -t fusectl none %s)",
+            path,
+            path,
+        )
+        return False
+    try:
+        result = subprocess.run(
+            ["mount", "-t", "fusectl", "none", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("fusectl: could not run mount on %s: %s", path, exc)
+        return False
+    if result.returncode != 0:
+        log.warning("fusectl: mount on %s failed: %s", path, result.stderr.strip())
+        return False
+    log.info("fusectl was not mounted: mounted it on %s", path)
     return True

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import trio
 
-from refmount import tuning
 from refmount.cache import SEQ_MIN_BYTES, BlockCache
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher
@@ -886,34 +885,3 @@ def test_stats_has_the_documented_counters(tmp_path: Path) -> None:
         assert name in stats
     assert stats["budget"] == 512 << 20
     assert stats["block_size"] == 256 * KiB
-
-
-# -- tuning.tune_kernel ------------------------------------------------------------------
-
-
-def test_tune_kernel_writes_sysfs_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    minor = os.minor(os.stat(mnt).st_dev)
-    bdi = tmp_path / "bdi" / f"0:{minor}"
-    conn = tmp_path / "conn" / str(minor)
-    bdi.mkdir(parents=True)
-    conn.mkdir(parents=True)
-    monkeypatch.setattr(tuning, "BDI_ROOT", tmp_path / "bdi")
-    monkeypatch.setattr(tuning, "CONNECTIONS_ROOT", tmp_path / "conn")
-    tuning.tune_kernel(str(mnt), read_ahead_kb=16384, max_background=64)
-    assert (bdi / "read_ahead_kb").read_text() == "16384\n"
-    assert (conn / "max_background").read_text() == "64\n"
-    assert (conn / "congestion_threshold").read_text() == "48\n"
-
-
-def test_tune_kernel_never_raises(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr(tuning, "BDI_ROOT", tmp_path / "nothing")
-    monkeypatch.setattr(tuning, "CONNECTIONS_ROOT", tmp_path / "nothing")
-    with caplog.at_level(logging.DEBUG, logger="refmount.tuning"):
-        tuning.tune_kernel(str(tmp_path), read_ahead_kb=1024, max_background=64)
-        tuning.tune_kernel(str(tmp_path / "missing"), read_ahead_kb=1024, max_background=64)
-    assert any("stat failed" in r.getMessage() for r in caplog.records)
-    assert sum("could not set" in r.getMessage() for r in caplog.records) == 3

@@ -7,8 +7,6 @@ every request so the tests can assert on what went to the store.
 from __future__ import annotations
 
 import errno
-import logging
-import os
 import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path

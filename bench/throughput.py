@@ -24,6 +24,8 @@ Systems (one run, same machine, same bytes):
   refmount       ``refmount -f --cache-size 512M REFS MNT``
   refmount.1cpu  the same daemon pinned to CPU 0 with ``taskset -c 0`` (readers are not
                  pinned): how throughput scales with the daemon's cores
+  refmount.stock the daemon as on a stock pyfuse3 (refmount's patch hidden: OPEN and
+                 RELEASE per file, listings always READDIRPLUS): what the patch gains
   tmpfs          the same chunk files (W2, W4) and the same keys (find) as plain files on
                  ``/dev/shm``
 
@@ -62,7 +64,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.scale import build_json  # noqa: E402
 from refmount.tuning import CONNECTIONS_ROOT, mount_fusectl  # noqa: E402
-from tests.support.mounting import Mounted, RssSampler, unmount  # noqa: E402
+from tests.support.mounting import REFMOUNT, STOCK_PYFUSE3, Mounted, RssSampler, unmount  # noqa: E402
 from tests.support.nginx import NginxServer  # noqa: E402
 from tests.support.servers import RangeServer, stop_process  # noqa: E402
 
@@ -73,8 +75,10 @@ CHUNK = 256 << 10
 PART = 8 << 20  # request size of the limit's sequential reads (refmount's max part)
 SEQ_PARALLEL = 8  # 64 MiB window / 8 MiB parts
 RANDOM_READERS = 16
-SYSTEMS = ("limit", "fsspec", "fsspec.fuse", "refmount", "refmount.1cpu", "tmpfs")
-FUSE_SYSTEMS = ("fsspec.fuse", "refmount", "refmount.1cpu")
+SYSTEMS = (
+    "limit", "fsspec", "fsspec.fuse", "refmount", "refmount.1cpu", "refmount.stock", "tmpfs",
+)  # fmt: skip
+FUSE_SYSTEMS = ("fsspec.fuse", "refmount", "refmount.1cpu", "refmount.stock")
 WORKLOADS = ("W1", "W2", "W3", "W4", "find")
 TMPFS_ROOT = Path("/dev/shm")
 MOUNT_TIMEOUT = 120.0
@@ -276,11 +280,13 @@ def check(got: int, want: int, unit: str = "bytes") -> None:
 
 
 @contextlib.contextmanager
-def refmount_mount(setup: Setup, refs: Path, mountpoint: Path, pin: bool) -> Iterator[int]:
-    prefix = ["taskset", "-c", "0"] if pin else []
+def refmount_mount(setup: Setup, refs: Path, mountpoint: Path, name: str) -> Iterator[int]:
+    prefix = ["taskset", "-c", "0"] if name == "refmount.1cpu" else []
+    command = STOCK_PYFUSE3 if name == "refmount.stock" else REFMOUNT
     args = ["--cache-size", setup.budget, *setup.refmount_args]
+    log_path = setup.work / f"{name}.log"
     with Mounted(
-        refs, mountpoint, args, setup.work / "refmount.log", prefix=prefix, timeout=MOUNT_TIMEOUT
+        refs, mountpoint, args, log_path, prefix=prefix, command=command, timeout=MOUNT_TIMEOUT
     ) as mounted:
         yield mounted.pid
 
@@ -330,8 +336,7 @@ def fsspec_fuse_available() -> str | None:
 def mounter(name: str, setup: Setup) -> Callable[[Path, Path], contextlib.AbstractContextManager]:
     if name == "fsspec.fuse":
         return lambda refs, mnt: fsspec_fuse_mount(setup, refs, mnt)
-    pin = name == "refmount.1cpu"
-    return lambda refs, mnt: refmount_mount(setup, refs, mnt, pin)
+    return lambda refs, mnt: refmount_mount(setup, refs, mnt, name)
 
 
 def run_commands(root: Path, setup: Setup, workload: str) -> float:
@@ -594,6 +599,14 @@ def target_cell(report: dict[str, Any], system: str, workload: str) -> str:
     return f"{ratio:.2f} of {peer} {peer_workload} (≥ {want:g}): {verdict}"
 
 
+def ratio(figures: dict[str, dict[str, float | None]], a: str, b: str, workload: str) -> str:
+    """``a`` over ``b`` as a speed-up (for find, in seconds, ``b`` over ``a``)."""
+    x, y = figures[a][workload], figures[b][workload]
+    if not x or not y:
+        return "-"
+    return f"{(y / x if workload == 'find' else x / y):.2f}"
+
+
 def markdown(report: dict[str, Any]) -> str:
     figures, systems = report["figures"], [s for s in SYSTEMS if s in report["systems"]]
     lines = [
@@ -603,8 +616,10 @@ def markdown(report: dict[str, Any]) -> str:
         + f"; {report['machine']['cpus']} CPUs, load {report['machine']['load']:.1f} at the end"
         + (" (quick sizes)" if report["quick"] else ""),
         "",
-        "| workload | " + " | ".join(systems) + " | refmount target | 1 cpu / 2 |",
-        "|---" * (len(systems) + 3) + "|",
+        "| workload | "
+        + " | ".join(systems)
+        + " | refmount target | 1 cpu / 2 | patched / stock |",
+        "|---" * (len(systems) + 4) + "|",
     ]
     for w in report["workloads"]:
         spec = ".2f" if w == "find" else ".0f"
@@ -613,8 +628,8 @@ def markdown(report: dict[str, Any]) -> str:
             fmt(figures[s][w], spec) for s in systems
         ]
         row.append(target_cell(report, "refmount", w))
-        one, two = figures["refmount.1cpu"][w], figures["refmount"][w]
-        row.append(fmt(one / two, ".2f") if one and two else "-")
+        row.append(ratio(figures, "refmount.1cpu", "refmount", w))
+        row.append(ratio(figures, "refmount", "refmount.stock", w))
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "MB/s (10^6 bytes per second) of useful bytes, median of rounds; find in s."]
     allowed = (report["budget_bytes"] + RSS_ALLOWANCE) / MiB

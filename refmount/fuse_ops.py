@@ -17,6 +17,7 @@ from refmount.errors import FetchError
 from refmount.fetch import FetchStats, redact
 from refmount.refs.model import Ref
 from refmount.tree import ROOT_INODE, Node, Tree
+from refmount.tuning import PYFUSE3_PATCHED
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,10 @@ class OpenFile:
 
 class Operations(pyfuse3.Operations):
     """A read-only filesystem over a :class:`Tree`, reading through a :class:`BlockCache`."""
+
+    #: With refmount's pyfuse3 patch, the kernel lists with plain READDIR unless the
+    #: entries are being stat'ed (``find`` creates no kernel inode per entry).
+    readdirplus_auto = True
 
     def __init__(
         self, tree: Tree, cache: BlockCache, fetch_stats: FetchStats, *, xattrs: bool = False
@@ -154,18 +159,27 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             raise pyfuse3.FUSEError(errno.EROFS)
+        if PYFUSE3_PATCHED:
+            # ENOSYS once and the kernel opens files without asking (keeping their page
+            # cache), sends no RELEASE, and reads with file handle 0: the patched pyfuse3
+            # hands ``read`` the inode instead.
+            raise pyfuse3.FUSEError(errno.ENOSYS)
+        fh = next(self._handles)
+        self._open[fh] = await self._file(inode)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    async def _file(self, inode: int) -> OpenFile:
         try:
             ref = await self.tree.ref(inode)
             size = await self.tree.size(ref)
         except FetchError as exc:
             self._warn_once(self.tree.key(inode), "size", exc)
             raise pyfuse3.FUSEError(exc.errno) from None
-        fh = next(self._handles)
-        self._open[fh] = OpenFile(self.tree.key(inode), ref, size)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+        return OpenFile(self.tree.key(inode), ref, size)
 
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
-        handle = self._open[fh]
+        # Without OPEN (see ``open``), ``fh`` is the inode.
+        handle = await self._file(fh) if PYFUSE3_PATCHED else self._open[fh]
         end = min(off + size, handle.size)
         if off >= end:
             return b""

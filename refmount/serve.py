@@ -18,7 +18,7 @@ from refmount.notify import notify
 from refmount.options import Config
 from refmount.refs import open_refset
 from refmount.tree import Owner, Tree
-from refmount.tuning import tune_kernel
+from refmount.tuning import log_fuse_features, tune_kernel
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class Daemon:
     def run(self, ready: Callable[[], None], on_error: Callable[[str], None] | None) -> int:
         mountpoint = self.config.mountpoint
         try:
+            log_fuse_features()
             pyfuse3.init(self.operations, mountpoint, mount_options(self.config))
         except RuntimeError as exc:
             message = f"refmount: cannot mount {mountpoint}: {exc}"

@@ -9,6 +9,10 @@ serving FUSE requests, e.g. ``await trio.to_thread.run_sync(tune_kernel, ...)`` 
 daemon once ``pyfuse3.main`` is running, or from the parent process after the mount is
 ready: called from the serving thread it would deadlock.
 
+pyfuse3 itself can be asked for fewer round trips only when it carries refmount's patch
+(``.ci/pyfuse3-refmount.patch``, built by ``bash .ci/setup``): ``PYFUSE3_PATCHED`` says
+whether it does, and ``log_fuse_features`` says so at start.
+
 The background limit lives in fusectl (``/sys/fs/fuse/connections``).  systemd mounts it
 at boot; a bare container or a fresh VM may not, and then only root can mount it:
 ``tune_kernel`` does so, best effort, when the mount's directory is missing there.
@@ -21,10 +25,31 @@ import os
 import subprocess
 from pathlib import Path
 
+import pyfuse3
+
 log = logging.getLogger(__name__)
+
+#: pyfuse3 with refmount's patch: ``read`` gets the inode of a file opened without OPEN,
+#: so ``open`` may answer ENOSYS and the kernel then sends neither OPEN nor RELEASE (two
+#: of a small file's four round trips); ``readdirplus_auto`` lets the kernel list with
+#: plain READDIR where nobody stats the entries (``find``).
+PYFUSE3_PATCHED = getattr(pyfuse3, "REFMOUNT_PATCH", 0) >= 1
 
 BDI_ROOT = Path("/sys/class/bdi")
 CONNECTIONS_ROOT = Path("/sys/fs/fuse/connections")
+
+
+def log_fuse_features() -> None:
+    """Say at start whether this pyfuse3 lets files be read without OPEN and RELEASE."""
+    if PYFUSE3_PATCHED:
+        log.info("pyfuse3 %s with refmount's patch: files are read without OPEN and RELEASE",
+                 pyfuse3.__version__)  # fmt: skip
+    else:
+        log.info(
+            "pyfuse3 %s without refmount's patch (bash .ci/setup builds it): every file open"
+            " costs an OPEN and a RELEASE round trip",
+            pyfuse3.__version__,
+        )
 
 
 def tune_kernel(mountpoint: str, *, read_ahead_kb: int, max_background: int) -> None:

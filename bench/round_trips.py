@@ -1,0 +1,66 @@
+"""FUSE requests per file: which round trips a workload costs the refmount daemon.
+
+    python bench/round_trips.py [--files 400] [--refmount-args "..."]
+
+Mounts a set of ``--files`` 256 KiB chunk files (local data, so no server is involved),
+then runs, each under ``strace`` attached to the daemon, ``cat`` of every file (cold),
+the same ``cat`` again (warm) and ``find``.  Every request the kernel sends is one
+``read`` of ``/dev/fuse`` by the daemon, starting with ``fuse_in_header`` (length,
+opcode): the opcode counts per workload, divided by the number of files, are printed
+as a table (``tests/support/fuse_requests.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support.fuse_requests import count_requests  # noqa: E402
+from tests.support.mounting import Mounted  # noqa: E402
+
+CHUNK = 256 << 10
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--files", type=int, default=400)
+    parser.add_argument("--refmount-args", default="")
+    parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "refmount-rt"))
+    args = parser.parse_args(argv)
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    data = work / "chunks.bin"
+    if not data.exists() or data.stat().st_size != args.files * CHUNK:
+        data.write_bytes(os.urandom(args.files * CHUNK))
+    keys = [f"c/{k:05d}" for k in range(args.files)]
+    refs = {key: [str(data), k * CHUNK, CHUNK] for k, key in enumerate(keys)}
+    refs_path = work / "refs.json"
+    refs_path.write_text(json.dumps({"version": 1, "refs": refs}))
+    mountpoint = work / "mnt"
+    mountpoint.mkdir(exist_ok=True)
+    extra = ["--allow-local", *args.refmount_args.split()]
+    rows = []
+    with Mounted(refs_path, mountpoint, extra, work / "refmount.log") as mounted:
+        cat = ["cat", *keys]
+        for name, command in (("cat, cold", cat), ("cat, warm", cat), ("find", ["find", "."])):
+            counts = count_requests(mounted.pid, command, mountpoint)
+            rows.append((name, counts))
+    names = sorted({op for _, counts in rows for op in counts})
+    print(f"FUSE requests per file ({args.files} files; refmount {' '.join(extra)})")
+    print("| workload | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for name, counts in rows:
+        cells = [f"{counts[op] / args.files:.2f}" for op in names]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -410,7 +410,9 @@ def measure_fuse(
                             setup,
                         )
                 finally:
-                    rss[name] = max(rss.get(name, 0), sampler.close())
+                    # The find set's peak is its 1M-key load, not reading: kept apart.
+                    label = f"{name} (find set: load + find)" if group == ("find",) else name
+                    rss[label] = max(rss.get(label, 0), sampler.close())
     finally:
         unmount(mountpoint)
         shutil.rmtree(mountpoint, ignore_errors=True)
@@ -634,11 +636,12 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "MB/s (10^6 bytes per second) of useful bytes, median of rounds; find in s."]
     allowed = (report["budget_bytes"] + RSS_ALLOWANCE) / MiB
     for name, mib in report["peak_rss_mib"].items():
-        verdict = "met" if mib <= allowed else "MISSED"
-        lines.append(
-            f"Peak RSS of the {name} daemon: {mib:.0f} MiB (budget + 150 MB = {allowed:.0f} MiB:"
-            f" {verdict if name.startswith('refmount') else 'no target'})."
-        )
+        if name.startswith("refmount") and "find set" not in name:
+            verdict = "met" if mib <= allowed else "MISSED"
+            target = f" (budget + 150 MB = {allowed:.0f} MiB: {verdict})"
+        else:
+            target = ""
+        lines.append(f"Peak RSS of the {name} daemon: {mib:.0f} MiB{target}.")
     lines += [f"Note: {note}." for note in report["notes"]]
     for name, errors in report["errors"].items():
         lines += [f"Error: {name} {w}: {error}" for w, error in errors.items()]

@@ -1,13 +1,12 @@
 """FUSE requests per file: which round trips a workload costs the refmount daemon.
 
-    python bench/round_trips.py [--files 400] [--refmount-args "..."]
+    python bench/round_trips.py [--files 400] [--stock] [--refmount-args "..."]
 
-Mounts a set of ``--files`` 256 KiB chunk files (local data, so no server is involved),
-then runs, each under ``strace`` attached to the daemon, ``cat`` of every file (cold),
-the same ``cat`` again (warm) and ``find``.  Every request the kernel sends is one
-``read`` of ``/dev/fuse`` by the daemon, starting with ``fuse_in_header`` (length,
-opcode): the opcode counts per workload, divided by the number of files, are printed
-as a table (``tests/support/fuse_requests.py``).
+Mounts a set of ``--files`` 256 KiB chunk files (local data: no server is involved; with
+``--stock`` the daemon runs as on a stock pyfuse3), then runs, each under ``strace``
+attached to the daemon, ``cat`` of every file (cold), the same ``cat`` again (warm) and
+``find``, and prints the FUSE requests of each per file, by opcode
+(``tests/support/fuse_requests.py`` counts them).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.support.fuse_requests import count_requests  # noqa: E402
-from tests.support.mounting import Mounted  # noqa: E402
+from tests.support.mounting import REFMOUNT, STOCK_PYFUSE3, Mounted  # noqa: E402
 
 CHUNK = 256 << 10
 
@@ -32,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=400)
     parser.add_argument("--refmount-args", default="")
+    parser.add_argument(
+        "--stock", action="store_true", help="the daemon as on a stock pyfuse3 (patch hidden)"
+    )
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "refmount-rt"))
     args = parser.parse_args(argv)
     work = Path(args.workdir)
@@ -47,13 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     mountpoint.mkdir(exist_ok=True)
     extra = ["--allow-local", *args.refmount_args.split()]
     rows = []
-    with Mounted(refs_path, mountpoint, extra, work / "refmount.log") as mounted:
+    command = STOCK_PYFUSE3 if args.stock else REFMOUNT
+    with Mounted(refs_path, mountpoint, extra, work / "refmount.log", command=command) as mounted:
         cat = ["cat", *keys]
         for name, command in (("cat, cold", cat), ("cat, warm", cat), ("find", ["find", "."])):
             counts = count_requests(mounted.pid, command, mountpoint)
             rows.append((name, counts))
     names = sorted({op for _, counts in rows for op in counts})
-    print(f"FUSE requests per file ({args.files} files; refmount {' '.join(extra)})")
+    kind = "stock pyfuse3" if args.stock else "pyfuse3 as installed"
+    print(f"FUSE requests per file ({args.files} files; {kind}; refmount {' '.join(extra)})")
     print("| workload | " + " | ".join(names) + " |")
     print("|---" * (len(names) + 1) + "|")
     for name, counts in rows:

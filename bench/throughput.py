@@ -690,7 +690,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     signal.signal(signal.SIGTERM, raise_interrupt)
-    report = run(args)
+    # Started in the background by a shell, SIGINT arrives ignored: make Ctrl-C count.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        report = run(args)
+    except KeyboardInterrupt:
+        log.error("interrupted: mounts undone, servers stopped")
+        return 130
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(report)

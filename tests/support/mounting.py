@@ -163,7 +163,12 @@ class Background:
 
 @contextmanager
 def mount_background(
-    refs: str | Path, mountpoint: Path, args: Sequence[str] = (), *, timeout: float = 900.0
+    refs: str | Path,
+    mountpoint: Path,
+    args: Sequence[str] = (),
+    *,
+    command: Sequence[str] = REFMOUNT,
+    timeout: float = 900.0,
 ) -> Iterator[Background]:
     """Mount as a user does (``refmount REFS MNT``: daemonizes, returns when the mount
     answers); ``ready`` runs until the root lists.  Unmounted on exit, whatever happens."""
@@ -173,7 +178,7 @@ def mount_background(
     try:
         start = time.perf_counter()
         done = subprocess.run(
-            [*REFMOUNT, *args, str(refs), str(mountpoint)],
+            [*command, *args, str(refs), str(mountpoint)],
             capture_output=True,
             text=True,
             timeout=timeout,

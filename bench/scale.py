@@ -9,7 +9,7 @@ exist), and a Parquet set (LazyReferenceMapper layout, written directly with pya
 in one run, it measures each figure for a refmount mount (the ``refmount`` CLI, which
 daemonizes and returns once the mount answers) and for fsspec in a fresh process, and
 prints a table.  Mounts are always unmounted, and only daemons this script started (found
-by their mount point argument) are ever signalled.
+by their mount point argument) are ever signalled (``tests/support/mounting.py``).
 """
 
 from __future__ import annotations
@@ -20,18 +20,19 @@ import math
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support.mounting import REFMOUNT, child_env, mount_background, rss_kib  # noqa: E402
+
 FILES = 40
 URL = (
     "s3://some-bucket/very/long/prefix/for/a/realistic/kerchunk/reference/set/output/file_{:02d}.nc"
@@ -246,106 +247,12 @@ def build(workdir: Path, keys: int, parquet_keys: int, record_size: int) -> dict
 # --- processes, mounts, memory --------------------------------------------------------
 
 
-def rss_mib(pid: int | str = "self") -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise BenchError(f"no VmRSS for pid {pid}")
-
-
-def daemon_pid(mountpoint: Path) -> int | None:
-    """The refmount process of ours whose arguments name this mount point."""
-    wanted = str(mountpoint)
-    uid = os.getuid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            if os.stat(f"/proc/{entry}").st_uid != uid:
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-        except OSError:
-            continue
-        if wanted in argv and any("refmount" in a for a in argv[:3]):
-            return int(entry)
-    return None
+def rss_mib(pid: int) -> float:
+    return rss_kib(pid) / 1024
 
 
 def refmount_command(explicit: str | None) -> list[str]:
-    if explicit:
-        return [explicit]
-    script = Path(sys.executable).parent / "refmount"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "refmount"]
-
-
-def child_env() -> dict[str, str]:
-    """The repository on the path: the checkout may not be installed in the venv."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
-
-
-@dataclass
-class Mount:
-    path: Path
-    ready: float
-    pid: int | None
-
-
-def unmount(mountpoint: Path, pid: int | None) -> None:
-    for args in (["-u"], ["-u"], ["-u", "-z"]):
-        done = subprocess.run(
-            ["fusermount3", *args, str(mountpoint)], capture_output=True, text=True
-        )
-        if done.returncode == 0 or not os.path.ismount(mountpoint):
-            break
-        time.sleep(1)
-    if pid is None:
-        return
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if not Path(f"/proc/{pid}").exists():
-            return
-        time.sleep(0.1)
-    if daemon_pid(mountpoint) == pid:  # still ours, still named by this mount point
-        os.kill(pid, signal.SIGTERM)
-
-
-@contextmanager
-def mounted(command: list[str], refs: Path, mountpoint: Path) -> Iterator[Mount]:
-    """Mount with the CLI; the ready time is until the CLI returns and the root lists."""
-    mountpoint.mkdir(parents=True, exist_ok=True)
-    if os.path.ismount(mountpoint):
-        raise BenchError(f"{mountpoint} is already a mount point")
-    pid = None
-    try:
-        start = time.perf_counter()
-        try:
-            done = subprocess.run(
-                [*command, str(refs), str(mountpoint)],
-                capture_output=True,
-                text=True,
-                timeout=CLI_TIMEOUT,
-                env=child_env(),
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise BenchError(f"refmount did not return within {CLI_TIMEOUT:.0f} s") from exc
-        if done.returncode != 0:
-            message = (done.stderr or done.stdout).strip().splitlines()
-            raise BenchError(f"refmount exited {done.returncode}: {' | '.join(message[-3:])}")
-        os.listdir(mountpoint)
-        ready = time.perf_counter() - start
-        if not os.path.ismount(mountpoint):
-            raise BenchError("refmount returned but nothing is mounted")
-        pid = daemon_pid(mountpoint)
-        yield Mount(mountpoint, ready, pid)
-    finally:
-        if pid is None:
-            pid = daemon_pid(mountpoint)
-        if os.path.ismount(mountpoint) or pid is not None:
-            unmount(mountpoint, pid)
+    return [explicit] if explicit else REFMOUNT
 
 
 def run_python(code: str, *args: str, timeout: float = 3600) -> dict[str, Any]:
@@ -453,7 +360,9 @@ def bench_json(command: list[str], workdir: Path, built: dict[str, Any], rows: l
     ref: dict[str, float | None] = {"ready": None, "rss": None, "find": None, "ls": None}
     note = ""
     try:
-        with mounted(command, refs, workdir / "mnt-json") as m:
+        with mount_background(
+            refs, workdir / "mnt-json", command=command, timeout=CLI_TIMEOUT
+        ) as m:
             ref["ready"] = m.ready
             ref["rss"] = rss_mib(m.pid) if m.pid else None
             elapsed, out = timed_shell(f"find {m.path} -type f | wc -l")
@@ -465,7 +374,7 @@ def bench_json(command: list[str], workdir: Path, built: dict[str, Any], rows: l
             if int(out.strip()) - 1 != keys:  # less the "total" line; no dot files
                 note += f"; ls -l listed {int(out.strip()) - 1} entries, expected {keys}"
             ref["rss_after"] = rss_mib(m.pid) if m.pid else None
-    except (BenchError, OSError, subprocess.TimeoutExpired) as exc:
+    except (BenchError, OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         note = f"refmount: {exc}"
         print(f"  {note}", flush=True)
     if fss and fss["files"] != built["json_files"]:
@@ -504,7 +413,6 @@ def sample_keys(built: dict[str, Any], samples: int) -> list[str]:
 
 def library_open_time(root: Path) -> float:
     """ParquetRefSet.open alone, in this process: the mount's share of the ready time."""
-    sys.path.insert(0, str(REPO))
     from fsspec.implementations.local import LocalFileSystem
 
     from refmount.refs.parquet import ParquetRefSet
@@ -536,7 +444,9 @@ def bench_parquet(
     ref: dict[str, float | None] = {"ready": None, "reads": None, "rss": None}
     note = ""
     try:
-        with mounted(command, root, workdir / "mnt-parquet") as m:
+        with mount_background(
+            root, workdir / "mnt-parquet", command=command, timeout=CLI_TIMEOUT
+        ) as m:
             ref["ready"] = m.ready
             ref["rss_ready"] = rss_mib(m.pid) if m.pid else None
             start = time.perf_counter()
@@ -550,7 +460,7 @@ def bench_parquet(
             ref["rss"] = rss_mib(m.pid) if m.pid else None
             if nbytes != samples * PARQUET_CHUNK:
                 note = f"read {nbytes} bytes, expected {samples * PARQUET_CHUNK}"
-    except (BenchError, OSError, subprocess.TimeoutExpired) as exc:
+    except (BenchError, OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         note = f"refmount: {exc}"
         print(f"  {note}", flush=True)
     rows += [

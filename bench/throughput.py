@@ -1,74 +1,60 @@
-"""Throughput benchmark: refmount against fsspec, with a fixed latency per HTTP request.
+"""Throughput benchmark: refmount next to named peers, against nginx with 10 ms per request.
 
-    python bench/throughput.py [--delay 0.01] [--quick] [--repeat N] [--out bench/out]
+    python bench/throughput.py [--quick] [--server nginx|python] [--delay 0.01] [--repeat N]
 
-Setup (once): the repository installed in a venv (``pip install -e .``); for the
-fsspec.fuse peer also ``apt-get install libfuse2`` and ``pip install fusepy`` (fsspec.fuse
-is built on them; without them that column is skipped, not failed).  No plotting library
-is needed: the PNG is drawn by this script (see ``png_bar_chart``), so the benchmark runs
-on a bare server and its numbers never depend on a plotting stack being installed.
+Runs end to end without manual setup beyond ``bash .ci/setup``: it builds its data (kept
+in ``--workdir`` for the next run), starts nginx on 127.0.0.1 (Debian's ``nginx-light``
+with ``libnginx-mod-http-echo`` for ``echo_sleep``: the server a user meets; ``--server
+python`` uses the fault-injecting RangeServer instead), mounts fusectl when it is missing
+(as root; refmount raises the kernel's background request limit there), and at exit,
+Ctrl-C and SIGTERM included, unmounts everything and stops the servers it started.
 
-What it does, in one run:
+Data: ``big.bin`` (512 MiB) and 4000 x 256 KiB chunks back to back in ``chunks.bin``;
+one JSON reference set maps ``big`` to all of ``big.bin`` and ``c/00000`` ... to the
+chunks.  ``find`` uses ``bench/scale.py``'s 1,000,000-key set (s3 URLs that are never
+read).  ``--quick``: 64 MiB, 400 chunks and 100,000 keys.
 
-* builds the data (once per work directory and size) and serves it with
-  ``tests/support/servers.RangeServer`` on 127.0.0.1, which honours ``Range`` and waits
-  ``--delay`` seconds before answering each request;
-* writes one JSON reference set: ``big`` -> all of ``big.bin`` (512 MiB), and
-  ``c/00000`` ... ``c/03999`` -> 256 KiB chunks lying back to back in ``chunks.bin``;
-* measures five systems side by side on four workloads:
+Systems (one run, same machine, same bytes):
 
-  ============  ===============================================================
-  limit         fsspec's HTTP filesystem in-process, the same parallelism as
-                refmount: 8 requests of 8 MiB in flight for W1/W2/W4, 16 chunk
-                requests in flight for W3 (results discarded).
-  fsspec        ``fsspec.filesystem("reference", fo=refs)`` in-process:
-                ``cat("big")``, ``cat(keys)`` in key order, 16 threads of
-                ``cat_file`` for W3.
-  fsspec.fuse   ``fsspec.fuse.run(fs, "", mountpoint, threads=True)`` in a
-                subprocess, read with the same commands as refmount.
-  refmount      ``refmount --cache-size 512M REFS MNT`` (daemonizes, returns
-                when the mount answers), unmounted with ``fusermount3 -u``.
-  tmpfs         W2 and W4 only: the same 4000 chunks as plain files in a
-                directory on ``/dev/shm``, read by the same ``cat``: the
-                yardstick for W4 (target: refmount at least 0.6 of it).
-  ============  ===============================================================
+  limit          fsspec's HTTP filesystem in-process with refmount's parallelism: 8
+                 requests of 8 MiB in flight (W1, W2, W4), 16 chunk requests (W3)
+  fsspec         ``ReferenceFileSystem`` in-process: ``cat_file("big")``, ``cat(keys)``,
+                 16 threads of ``cat_file`` (W3), ``find("")``
+  fsspec.fuse    fsspec's own FUSE mount (needs libfuse2 + fusepy; skipped without)
+  refmount       ``refmount -f --cache-size 512M REFS MNT``
+  refmount.1cpu  the same daemon pinned to CPU 0 with ``taskset -c 0`` (readers are not
+                 pinned): how throughput scales with the daemon's cores
+  refmount.stock the daemon as on a stock pyfuse3 (refmount's patch hidden: OPEN and
+                 RELEASE per file, listings always READDIRPLUS): what the patch gains
+  tmpfs          the same chunk files (W2, W4) and the same keys (find) as plain files on
+                 ``/dev/shm``
 
-  W1  ``dd if=MNT/big of=/dev/null bs=1M``: one 512 MiB reference.
-  W2  ``cat c/00000 ... c/03999 > /dev/null``: one process, key order (1000 MiB).
-  W3  16 parallel ``cat`` processes, each over its own random list of chunk files.
-  W4  W2 again on the same mount (warm: page cache and refmount's cache).
-
-  Every FUSE workload but W4 runs on a fresh mount, so neither the kernel's page cache
-  nor a daemon's cache carries over.  MB/s are useful bytes over wall time.
-
-* samples the refmount daemon's VmRSS every 20 ms and reads its VmHWM;
-* prints a table and writes ``results.md``, ``results.json`` and ``throughput.png``
-  into ``--out``.
-
-Mounts are always unmounted in ``finally``; only processes this script started are
-stopped, by their process id.
+Workloads: W1 ``dd bs=1M`` of ``big``; W2 one ``cat`` of all chunk files in key order;
+W3 16 ``cat`` processes over random chunk files; W4 W2 again on the same mount (warm);
+find ``find MNT -type f | wc -l``.  W1, W2 and W3 each get a fresh mount.  Output: a
+markdown table with the issue's targets (stdout and ``results.md``), ``results.csv`` and
+``results.json`` in ``--out``; the daemons' peak RSS is checked against budget + 150 MB.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import csv
 import json
 import logging
 import os
 import random
 import shutil
+import signal
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +62,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.scale import build_json  # noqa: E402
+from refmount.tuning import CONNECTIONS_ROOT, mount_fusectl  # noqa: E402
+from tests.support.mounting import REFMOUNT, STOCK_PYFUSE3, Mounted, RssSampler, unmount  # noqa: E402
+from tests.support.nginx import NginxServer  # noqa: E402
 from tests.support.servers import RangeServer, stop_process  # noqa: E402
 
 log = logging.getLogger("bench")
@@ -85,17 +75,15 @@ CHUNK = 256 << 10
 PART = 8 << 20  # request size of the limit's sequential reads (refmount's max part)
 SEQ_PARALLEL = 8  # 64 MiB window / 8 MiB parts
 RANDOM_READERS = 16
-SYSTEMS = ("limit", "fsspec", "fsspec.fuse", "refmount", "tmpfs")
+SYSTEMS = (
+    "limit", "fsspec", "fsspec.fuse", "refmount", "refmount.1cpu", "refmount.stock", "tmpfs",
+)  # fmt: skip
+FUSE_SYSTEMS = ("fsspec.fuse", "refmount", "refmount.1cpu", "refmount.stock")
+WORKLOADS = ("W1", "W2", "W3", "W4", "find")
 TMPFS_ROOT = Path("/dev/shm")
-WORKLOADS = ("W1", "W2", "W3", "W4")
-TITLES = {
-    "W1": "dd 512 MiB",
-    "W2": "cat 4000 chunks",
-    "W3": "16 random readers",
-    "W4": "W2 warm",
-}
 MOUNT_TIMEOUT = 120.0
 RUN_TIMEOUT = 900.0
+RSS_ALLOWANCE = 150 * 10**6  # the daemon may use its cache budget plus this
 
 
 @dataclass
@@ -103,12 +91,13 @@ class Sizes:
     big: int
     chunks: int
     random_files: int  # files read by each W3 reader
+    find_keys: int
 
     @classmethod
     def pick(cls, quick: bool) -> Sizes:
         if quick:
-            return cls(big=64 * MiB, chunks=400, random_files=16)
-        return cls(big=512 * MiB, chunks=4000, random_files=64)
+            return cls(big=64 * MiB, chunks=400, random_files=16, find_keys=100_000)
+        return cls(big=512 * MiB, chunks=4000, random_files=64, find_keys=1_000_000)
 
 
 @dataclass
@@ -122,6 +111,9 @@ class Setup:
     random_lists: list[list[str]]
     work: Path
     budget: str
+    refmount_args: list[str]
+    find_refs: Path
+    find_files: int
 
 
 @dataclass
@@ -129,7 +121,7 @@ class Result:
     seconds: list[float] = field(default_factory=list)
     error: str | None = None
 
-    def best(self) -> float | None:
+    def median(self) -> float | None:
         return statistics.median(self.seconds) if self.seconds else None
 
 
@@ -149,11 +141,24 @@ def write_random(path: Path, size: int, seed: int) -> None:
             left -= n
 
 
-def build(work: Path, sizes: Sizes, url: str, budget: str) -> Setup:
+def data_dir(work: Path, sizes: Sizes) -> Path:
     data = work / f"data-{sizes.big}-{sizes.chunks}"
     data.mkdir(parents=True, exist_ok=True)
     write_random(data / "big.bin", sizes.big, 1)
     write_random(data / "chunks.bin", sizes.chunks * CHUNK, 2)
+    return data
+
+
+def find_set(work: Path, keys: int) -> tuple[Path, int]:
+    """``bench/scale.py``'s JSON set of ``keys`` chunk keys, built once per size."""
+    path = work / f"find-{keys}.json"
+    marker = path.with_suffix(".files")
+    if not (path.exists() and marker.exists()):
+        marker.write_text(str(build_json(path, keys)))
+    return path, int(marker.read_text())
+
+
+def build(work: Path, sizes: Sizes, data: Path, url: str, args: argparse.Namespace) -> Setup:
     keys = [f"c/{k:05d}" for k in range(sizes.chunks)]
     refs: dict[str, Any] = {"big": [f"{url}/big.bin", 0, sizes.big]}
     for k, key in enumerate(keys):
@@ -165,7 +170,11 @@ def build(work: Path, sizes: Sizes, url: str, budget: str) -> Setup:
         [keys[rng.randrange(len(keys))] for _ in range(sizes.random_files)]
         for _ in range(RANDOM_READERS)
     ]
-    return Setup(sizes, data, refs_path, refs, url, keys, random_lists, work, budget)
+    find_refs, find_files = find_set(work, sizes.find_keys)
+    return Setup(
+        sizes, data, refs_path, refs, url, keys, random_lists, work, args.cache_size,
+        args.refmount_args.split(), find_refs, find_files,
+    )  # fmt: skip
 
 
 def workload_bytes(setup: Setup, workload: str) -> int:
@@ -184,7 +193,7 @@ def run_limit(setup: Setup, workload: str) -> float:
     import fsspec
     import fsspec.asyn
 
-    fs = fsspec.filesystem("http")
+    fs = fsspec.filesystem("http", skip_instance_cache=True)
     if workload == "W3":
         ranges = [
             (f"{setup.url}/chunks.bin", int(key[2:]) * CHUNK)
@@ -210,7 +219,7 @@ def run_limit(setup: Setup, workload: str) -> float:
     began = time.perf_counter()
     got = fsspec.asyn.sync(fsspec.asyn.get_loop(), fetch_all)
     elapsed = time.perf_counter() - began
-    check_size(got, workload_bytes(setup, workload))
+    check(got, workload_bytes(setup, workload))
     return elapsed
 
 
@@ -218,7 +227,9 @@ def run_fsspec(setup: Setup, workload: str) -> float:
     """fsspec's ReferenceFileSystem in-process, as a Python reader would use it."""
     import fsspec
 
-    fs = fsspec.filesystem("reference", fo={"version": 1, "refs": setup.refs})
+    fs = fsspec.filesystem(
+        "reference", fo={"version": 1, "refs": setup.refs}, skip_instance_cache=True
+    )
     began = time.perf_counter()
     if workload == "W1":
         got = len(fs.cat_file("big"))
@@ -232,96 +243,52 @@ def run_fsspec(setup: Setup, workload: str) -> float:
     else:
         got = sum(len(v) for v in fs.cat(setup.keys).values())
     elapsed = time.perf_counter() - began
-    check_size(got, workload_bytes(setup, workload))
+    check(got, workload_bytes(setup, workload))
     return elapsed
 
 
-def check_size(got: int, want: int) -> None:
+FSSPEC_FIND = """
+import json, sys, time
+import fsspec
+fs = fsspec.filesystem("reference", fo=sys.argv[1], remote_protocol="s3",
+                       remote_options={"anon": True}, skip_instance_cache=True)
+t = time.perf_counter()
+files = len(fs.find(""))
+print(json.dumps({"seconds": time.perf_counter() - t, "files": files}))
+"""
+
+
+def run_fsspec_find(setup: Setup) -> float:
+    """``fs.find("")`` on the loaded set, in a fresh interpreter (not its load)."""
+    done = subprocess.run(
+        [sys.executable, "-c", FSSPEC_FIND, str(setup.find_refs)],
+        capture_output=True, text=True, timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr.strip()[-500:])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    check(result["files"], setup.find_files, "files")
+    return float(result["seconds"])
+
+
+def check(got: int, want: int, unit: str = "bytes") -> None:
     if got != want:
-        raise RuntimeError(f"read {got} bytes, expected {want}")
+        raise RuntimeError(f"read {got} {unit}, expected {want}")
 
 
 # -- mounts -----------------------------------------------------------------------------
 
 
-def find_daemon(mountpoint: Path) -> int | None:
-    """The pid of the refmount daemon serving ``mountpoint`` (ours: we chose the path)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if str(mountpoint).encode() in argv and any(b"refmount" in a for a in argv[:3]):
-            return int(entry.name)
-    return None
-
-
-def wait_mounted(mountpoint: Path, proc: subprocess.Popen[bytes] | None = None) -> None:
-    deadline = time.monotonic() + MOUNT_TIMEOUT
-    while time.monotonic() < deadline:
-        if os.path.ismount(mountpoint):
-            return
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"mount process exited with status {proc.returncode}")
-        time.sleep(0.05)
-    raise RuntimeError(f"{mountpoint} was not mounted within {MOUNT_TIMEOUT:g} s")
-
-
-def unmount(mountpoint: Path) -> None:
-    if not os.path.ismount(mountpoint):
-        return
-    result = subprocess.run(["fusermount3", "-u", str(mountpoint)], capture_output=True)
-    if result.returncode != 0:
-        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
-
-
-class RssSampler:
-    """Polls a process's resident memory; ``peak`` is the larger of samples and VmHWM."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.peak_kb = 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        try:
-            status = Path(f"/proc/{self.pid}/status").read_text()
-        except OSError:
-            return
-        for line in status.splitlines():
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                self.peak_kb = max(self.peak_kb, int(line.split()[1]))
-
-    def _loop(self) -> None:
-        while not self._done.wait(0.02):
-            self._read()
-
-    def close(self) -> int:
-        self._read()
-        self._done.set()
-        self._thread.join()
-        return self.peak_kb
-
-
-@contextmanager
-def refmount_mount(setup: Setup, mountpoint: Path) -> Iterator[int | None]:
-    exe = Path(sys.executable).with_name("refmount")
-    argv = [str(exe) if exe.exists() else "refmount", "--cache-size", setup.budget]
-    argv += ["--log-file", str(setup.work / "refmount.log"), str(setup.refs_path)]
-    argv.append(str(mountpoint))
-    try:
-        result = subprocess.run(argv, capture_output=True, timeout=MOUNT_TIMEOUT)
-        if result.returncode != 0:
-            message = (result.stderr or result.stdout).decode(errors="replace").strip()
-            raise RuntimeError(f"refmount failed ({result.returncode}): {message[-2000:]}")
-        wait_mounted(mountpoint)
-        yield find_daemon(mountpoint)
-    finally:
-        unmount(mountpoint)
+@contextlib.contextmanager
+def refmount_mount(setup: Setup, refs: Path, mountpoint: Path, name: str) -> Iterator[int]:
+    prefix = ["taskset", "-c", "0"] if name == "refmount.1cpu" else []
+    command = STOCK_PYFUSE3 if name == "refmount.stock" else REFMOUNT
+    args = ["--cache-size", setup.budget, *setup.refmount_args]
+    log_path = setup.work / f"{name}.log"
+    with Mounted(
+        refs, mountpoint, args, log_path, prefix=prefix, command=command, timeout=MOUNT_TIMEOUT
+    ) as mounted:
+        yield mounted.pid
 
 
 # fsspec.fuse prefixes every path with root + "/", and reference keys have no leading "/":
@@ -339,18 +306,21 @@ fsspec.fuse.run(fs, "", sys.argv[2], foreground=True, threads=True, ops_class=Ro
 """
 
 
-@contextmanager
-def fsspec_fuse_mount(setup: Setup, mountpoint: Path) -> Iterator[int | None]:
-    argv = [sys.executable, "-c", FSSPEC_FUSE, str(setup.refs_path), str(mountpoint)]
-    logfile = open(setup.work / "fsspec-fuse.log", "ab")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(argv, stdout=logfile, stderr=logfile, stdin=subprocess.DEVNULL)
-    try:
-        wait_mounted(mountpoint, proc)
-        yield proc.pid
-    finally:
-        unmount(mountpoint)
-        stop_process(proc, grace=10.0)
-        logfile.close()
+@contextlib.contextmanager
+def fsspec_fuse_mount(setup: Setup, refs: Path, mountpoint: Path) -> Iterator[int]:
+    argv = [sys.executable, "-c", FSSPEC_FUSE, str(refs), str(mountpoint)]
+    with open(setup.work / "fsspec-fuse.log", "ab") as logfile:
+        proc = subprocess.Popen(argv, stdout=logfile, stderr=logfile, stdin=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + MOUNT_TIMEOUT
+            while not os.path.ismount(mountpoint):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"fsspec.fuse did not mount (status {proc.poll()})")
+                time.sleep(0.05)
+            yield proc.pid
+        finally:
+            unmount(mountpoint)
+            stop_process(proc, grace=10.0)
 
 
 def fsspec_fuse_available() -> str | None:
@@ -363,95 +333,133 @@ def fsspec_fuse_available() -> str | None:
     return None
 
 
-def run_commands(mountpoint: Path, setup: Setup, workload: str) -> float:
-    """The shell side of a FUSE workload; returns wall seconds."""
+def mounter(name: str, setup: Setup) -> Callable[[Path, Path], contextlib.AbstractContextManager]:
+    if name == "fsspec.fuse":
+        return lambda refs, mnt: fsspec_fuse_mount(setup, refs, mnt)
+    return lambda refs, mnt: refmount_mount(setup, refs, mnt, name)
+
+
+def run_commands(root: Path, setup: Setup, workload: str) -> float:
+    """The shell side of a workload over a directory; returns wall seconds."""
     began = time.perf_counter()
     if workload == "W1":
-        argv = ["dd", f"if={mountpoint / 'big'}", "of=/dev/null", "bs=1M"]
+        argv = ["dd", f"if={root / 'big'}", "of=/dev/null", "bs=1M"]
         done = subprocess.run(argv, capture_output=True, timeout=RUN_TIMEOUT)
         if done.returncode:
             raise RuntimeError(f"dd failed: {done.stderr.decode(errors='replace').strip()}")
     elif workload == "W3":
-        procs = [
-            subprocess.Popen(["cat", *files], cwd=mountpoint, stdout=subprocess.DEVNULL)
-            for files in setup.random_lists
-        ]
-        codes = [p.wait(RUN_TIMEOUT) for p in procs]
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            for files in setup.random_lists:
+                procs.append(subprocess.Popen(["cat", *files], cwd=root, stdout=subprocess.DEVNULL))
+            codes = [p.wait(RUN_TIMEOUT) for p in procs]
+        finally:
+            for p in procs:
+                stop_process(p)
         if any(codes):
             raise RuntimeError(f"cat exited with {codes}")
+    elif workload == "find":
+        done = subprocess.run(
+            f"find {root} -type f | wc -l", shell=True, capture_output=True, text=True,
+            timeout=RUN_TIMEOUT, env={**os.environ, "LC_ALL": "C"},
+        )  # fmt: skip
+        check(int(done.stdout.strip() or 0), setup.find_files, "files")
     else:
         subprocess.run(
-            ["cat", *setup.keys],
-            cwd=mountpoint,
-            stdout=subprocess.DEVNULL,
-            check=True,
+            ["cat", *setup.keys], cwd=root, stdout=subprocess.DEVNULL, check=True,
             timeout=RUN_TIMEOUT,
-        )
+        )  # fmt: skip
     return time.perf_counter() - began
 
 
 # -- the run ----------------------------------------------------------------------------
 
-Mounter = Callable[[Setup, Path], Any]
+Results = dict[str, dict[str, Result]]
+
+
+def record(results: Results, name: str, workload: str, seconds: float, setup: Setup) -> None:
+    results[name][workload].seconds.append(seconds)
+    if workload == "find":
+        log.info("%-13s %-4s %8.2f s", name, workload, seconds)
+    else:
+        log.info("%-13s %-4s %8.1f MB/s", name, workload, rate(setup, workload, seconds))
 
 
 def measure_fuse(
-    name: str,
-    mounter: Mounter,
-    setup: Setup,
-    results: dict[str, dict[str, Result]],
-    rss: dict[str, int],
+    name: str, setup: Setup, results: Results, rss: dict[str, int], workloads: list[str]
 ) -> None:
-    """Each workload on a fresh mount; W4 follows W2 on the same one."""
+    """Each group of workloads on a fresh mount; W4 follows W2 on the same one."""
+    mount = mounter(name, setup)
+    groups = [("W1",), ("W2", "W4"), ("W3",)]
+    groups = [tuple(w for w in g if w in workloads) for g in groups]
+    plan = [(setup.refs_path, g) for g in groups if g]
+    if "find" in workloads and name != "fsspec.fuse":  # 1M LOOKUPs through fusepy: hours
+        plan.append((setup.find_refs, ("find",)))
     mountpoint = Path(tempfile.mkdtemp(prefix=f"mnt-{name}-", dir=setup.work))
     try:
-        for group in (("W1",), ("W2", "W4"), ("W3",)):
-            with mounter(setup, mountpoint) as pid:
-                sampler = RssSampler(pid) if pid else None
+        for refs, group in plan:
+            with mount(refs, mountpoint) as pid:
+                sampler = RssSampler(pid)
                 try:
                     for workload in group:
-                        seconds = run_commands(mountpoint, setup, workload)
-                        results[name][workload].seconds.append(seconds)
-                        log.info(
-                            "%-11s %s %8.1f MB/s", name, workload, rate(setup, workload, seconds)
+                        record(
+                            results,
+                            name,
+                            workload,
+                            run_commands(mountpoint, setup, workload),
+                            setup,
                         )
                 finally:
-                    if sampler is not None:
-                        rss[name] = max(rss.get(name, 0), sampler.close())
+                    # The find set's peak is its 1M-key load, not reading: kept apart.
+                    label = f"{name} (find set: load + find)" if group == ("find",) else name
+                    rss[label] = max(rss.get(label, 0), sampler.close())
     finally:
         unmount(mountpoint)
         shutil.rmtree(mountpoint, ignore_errors=True)
 
 
-def measure_inprocess(
-    name: str,
-    runner: Callable[[Setup, str], float],
-    setup: Setup,
-    results: dict[str, dict[str, Result]],
-) -> None:
-    for workload in WORKLOADS:
-        seconds = runner(setup, workload)
-        results[name][workload].seconds.append(seconds)
-        log.info("%-11s %s %8.1f MB/s", name, workload, rate(setup, workload, seconds))
+def measure_inprocess(name: str, setup: Setup, results: Results, workloads: list[str]) -> None:
+    runner = run_limit if name == "limit" else run_fsspec
+    for workload in workloads:
+        if workload == "find":
+            if name == "fsspec":
+                record(results, name, workload, run_fsspec_find(setup), setup)
+            continue
+        record(results, name, workload, runner(setup, workload), setup)
 
 
-def measure_tmpfs(setup: Setup, results: dict[str, dict[str, Result]]) -> None:
-    """W2 and W4's reader over the same 4000 chunk files as plain files on tmpfs: the
-    yardstick of W4 (every byte already in memory, no daemon)."""
+def measure_tmpfs(setup: Setup, results: Results, workloads: list[str]) -> None:
+    """The same chunk files, and the find set's keys, as plain files on tmpfs."""
     if not is_tmpfs(TMPFS_ROOT):
         raise RuntimeError(f"{TMPFS_ROOT} is not a tmpfs mount")
     root = Path(tempfile.mkdtemp(prefix="refmount-bench-", dir=TMPFS_ROOT))
     try:
-        (root / "c").mkdir()
-        with open(setup.data / "chunks.bin", "rb") as chunks:
-            for key in setup.keys:
-                (root / key).write_bytes(chunks.read(CHUNK))
-        for workload in ("W2", "W4"):
-            seconds = run_commands(root, setup, workload)
-            results["tmpfs"][workload].seconds.append(seconds)
-            log.info("%-11s %s %8.1f MB/s", "tmpfs", workload, rate(setup, workload, seconds))
+        if "W2" in workloads or "W4" in workloads:
+            (root / "c").mkdir()
+            with open(setup.data / "chunks.bin", "rb") as chunks:
+                for key in setup.keys:
+                    (root / key).write_bytes(chunks.read(CHUNK))
+            for workload in ("W2", "W4"):
+                if workload in workloads:
+                    record(results, "tmpfs", workload, run_commands(root, setup, workload), setup)
+            shutil.rmtree(root / "c")
+        if "find" in workloads:
+            plant_keys(root, setup.find_refs)
+            record(results, "tmpfs", "find", run_commands(root, setup, "find"), setup)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def plant_keys(root: Path, refs: Path) -> None:
+    """An empty file for every key of a version-0 JSON set, under ``root``."""
+    keys = json.loads(refs.read_text())
+    made: set[str] = set()
+    for key in keys:
+        parent = os.path.dirname(key)
+        if parent not in made:
+            os.makedirs(root / parent, exist_ok=True)
+            made.add(parent)
+        os.close(os.open(root / key, os.O_CREAT | os.O_WRONLY, 0o644))
 
 
 def is_tmpfs(path: Path) -> bool:
@@ -466,219 +474,203 @@ def rate(setup: Setup, workload: str, seconds: float) -> float:
     return workload_bytes(setup, workload) / seconds / 1e6
 
 
-def ensure_fusectl() -> str:
-    """The kernel knobs refmount tunes live in fusectl; systemd mounts it at boot, a bare
-    container may not.  Mount it when we can (root), say what happened."""
-    connections = Path("/sys/fs/fuse/connections")
-    if os.path.ismount(connections):
-        return "fusectl mounted"
-    if os.geteuid() != 0:
-        return "fusectl not mounted (not root): max_background stays at the kernel default"
-    result = subprocess.run(
-        ["mount", "-t", "fusectl", "none", str(connections)], capture_output=True
-    )
-    if result.returncode == 0:
-        return "fusectl was not mounted: mounted it"
-    return f"fusectl not mounted, mount failed: {result.stderr.decode(errors='replace')}"
+@contextlib.contextmanager
+def data_server(kind: str, root: Path, delay: float) -> Iterator[NginxServer | RangeServer]:
+    server = NginxServer(root, delay=delay) if kind == "nginx" else RangeServer(root, delay=delay)
+    with server:
+        yield server
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = Sizes.pick(args.quick)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    systems = [s for s in SYSTEMS if s not in args.skip]
-    notes = [ensure_fusectl()] if not args.no_fusectl else []
+    systems = [s for s in (args.only or SYSTEMS) if s not in args.skip]
+    workloads = [w for w in (args.workloads or WORKLOADS)]
+    notes = []
+    if not args.no_fusectl and any(s in FUSE_SYSTEMS for s in systems):
+        mounted = mount_fusectl(CONNECTIONS_ROOT)
+        notes.append("fusectl mounted" if mounted else "fusectl NOT mounted: kernel defaults")
     if "fsspec.fuse" in systems and (why := fsspec_fuse_available()):
         notes.append(f"fsspec.fuse skipped: {why}")
         systems.remove("fsspec.fuse")
-    results = {s: {w: Result() for w in WORKLOADS} for s in SYSTEMS}
+    if args.note:
+        notes.append(args.note)
+    results: Results = {s: {w: Result() for w in WORKLOADS} for s in SYSTEMS}
     rss: dict[str, int] = {}
-    data_root = work / f"data-{sizes.big}-{sizes.chunks}"
-    data_root.mkdir(parents=True, exist_ok=True)
-    with RangeServer(data_root, delay=args.delay) as server:
-        setup = build(work, sizes, server.url, args.cache_size)
-        log.info(
-            "data in %s, served at %s with %g s per request", setup.data, server.url, args.delay
-        )
+    data = data_dir(work, sizes)
+    with data_server(args.server, data, args.delay) as server:
+        setup = build(work, sizes, data, server.url, args)
+        log.info("data in %s, served by %s at %s, %g s per request", data, args.server,
+                 server.url, args.delay)  # fmt: skip
         for repeat in range(args.repeat):
             log.info("round %d of %d", repeat + 1, args.repeat)
             for name in systems:
                 try:
-                    if name == "limit":
-                        measure_inprocess(name, run_limit, setup, results)
-                    elif name == "fsspec":
-                        measure_inprocess(name, run_fsspec, setup, results)
-                    elif name == "fsspec.fuse":
-                        measure_fuse(name, fsspec_fuse_mount, setup, results, rss)
+                    if name in ("limit", "fsspec"):
+                        measure_inprocess(name, setup, results, workloads)
                     elif name == "tmpfs":
-                        measure_tmpfs(setup, results)
+                        measure_tmpfs(setup, results, workloads)
                     else:
-                        measure_fuse(name, refmount_mount, setup, results, rss)
+                        measure_fuse(name, setup, results, rss, workloads)
                 except Exception as exc:
                     log.error("%s failed: %s", name, exc)
                     for result in results[name].values():
                         result.error = result.error or str(exc)[:500]
+    figures: dict[str, dict[str, float | None]] = {}
+    for s in SYSTEMS:
+        figures[s] = {}
+        for w, r in results[s].items():
+            seconds = r.median()
+            if seconds is None or w == "find":
+                figures[s][w] = seconds
+            else:
+                figures[s][w] = workload_bytes(setup, w) / seconds / 1e6
     return {
+        "command": " ".join(["python", "bench/throughput.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "server": args.server,
         "delay": args.delay,
         "quick": args.quick,
         "sizes": sizes.__dict__,
         "budget": args.cache_size,
+        "budget_bytes": parse_size(args.cache_size),
+        "refmount_args": args.refmount_args,
+        "systems": systems,
+        "workloads": workloads,
         "notes": notes,
-        "mbps": {
-            s: {
-                w: (None if r.best() is None else workload_bytes(setup, w) / r.best() / 1e6)
-                for w, r in results[s].items()
-            }
-            for s in SYSTEMS
-        },
+        "figures": figures,
         "errors": {s: {w: r.error for w, r in results[s].items() if r.error} for s in SYSTEMS},
-        "peak_rss_mb": {s: kb / 1024 for s, kb in rss.items()},
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        "peak_rss_mib": {s: kib / 1024 for s, kib in rss.items()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "load": os.getloadavg()[0],
+        },
     }
 
 
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
 # -- report -----------------------------------------------------------------------------
+
+# The issue's targets: (workload, peer system, peer workload, ratio refmount/peer at least)
+TARGETS = {
+    "W1": ("limit", "W1", 0.8),
+    "W2": ("limit", "W1", 0.7),
+    "W3": ("fsspec", "W3", 1.0),
+    "W4": ("tmpfs", "W4", 0.6),
+}
+FIND_SECONDS_PER_MILLION = 5.0
+
+
+def title(workload: str, sizes: dict[str, int]) -> str:
+    return {
+        "W1": f"dd {sizes['big'] // MiB} MiB",
+        "W2": f"cat {sizes['chunks']} chunks",
+        "W3": f"{RANDOM_READERS} random readers",
+        "W4": "W2 warm",
+        "find": f"{sizes['find_keys']:,} keys",
+    }[workload]
 
 
 def fmt(value: float | None, spec: str = ".0f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def target_cell(report: dict[str, Any], system: str, workload: str) -> str:
+    figures = report["figures"]
+    ours = figures[system][workload]
+    if ours is None:
+        return "-"
+    if workload == "find":
+        limit = FIND_SECONDS_PER_MILLION * report["sizes"]["find_keys"] / 1e6
+        return f"≤ {limit:g} s: {'met' if ours <= limit else 'MISSED'}"
+    peer, peer_workload, want = TARGETS[workload]
+    theirs = figures[peer][peer_workload]
+    if not theirs:
+        return "-"
+    ratio = ours / theirs
+    verdict = "met" if ratio >= want else "MISSED"
+    return f"{ratio:.2f} of {peer} {peer_workload} (≥ {want:g}): {verdict}"
+
+
+def ratio(figures: dict[str, dict[str, float | None]], a: str, b: str, workload: str) -> str:
+    """``a`` over ``b`` as a speed-up (for find, in seconds, ``b`` over ``a``)."""
+    x, y = figures[a][workload], figures[b][workload]
+    if not x or not y:
+        return "-"
+    return f"{(y / x if workload == 'find' else x / y):.2f}"
+
+
 def markdown(report: dict[str, Any]) -> str:
-    mbps = report["mbps"]
+    figures, systems = report["figures"], [s for s in SYSTEMS if s in report["systems"]]
     lines = [
-        f"Latency {report['delay'] * 1000:g} ms per request; refmount --cache-size "
-        f"{report['budget']}; {report['machine']['cpus']} CPUs"
+        f"`{report['command']}`, {report['date']}: {report['server']} on 127.0.0.1 with "
+        f"{report['delay'] * 1000:g} ms per request; refmount --cache-size {report['budget']}"
+        + (f" {report['refmount_args']}" if report["refmount_args"] else "")
+        + f"; {report['machine']['cpus']} CPUs, load {report['machine']['load']:.1f} at the end"
         + (" (quick sizes)" if report["quick"] else ""),
         "",
         "| workload | "
-        + " | ".join(SYSTEMS)
-        + " | refmount/limit | refmount/fsspec | refmount/tmpfs |",
-        "|---" * (len(SYSTEMS) + 4) + "|",
+        + " | ".join(systems)
+        + " | refmount target | 1 cpu / 2 | patched / stock |",
+        "|---" * (len(systems) + 4) + "|",
     ]
-    for w in WORKLOADS:
-        row = [f"{w} {TITLES[w]}"] + [fmt(mbps[s][w]) for s in SYSTEMS]
-        ours = mbps["refmount"][w]
-        for peer in ("limit", "fsspec", "tmpfs"):
-            theirs = mbps[peer][w]
-            row.append(fmt(ours / theirs, ".2f") if ours and theirs else "-")
+    for w in report["workloads"]:
+        spec = ".2f" if w == "find" else ".0f"
+        unit = " (s)" if w == "find" else ""
+        row = [f"{w} {title(w, report['sizes'])}{unit}"] + [
+            fmt(figures[s][w], spec) for s in systems
+        ]
+        row.append(target_cell(report, "refmount", w))
+        row.append(ratio(figures, "refmount.1cpu", "refmount", w))
+        row.append(ratio(figures, "refmount", "refmount.stock", w))
         lines.append("| " + " | ".join(row) + " |")
-    lines.append("")
-    lines.append("MB/s (10^6 bytes per second) of useful bytes, median of rounds.")
-    for name, mb in report["peak_rss_mb"].items():
-        lines.append(f"Peak RSS of the {name} daemon: {mb:.0f} MiB.")
-    for note in report["notes"]:
-        lines.append(f"Note: {note}.")
+    lines += ["", "MB/s (10^6 bytes per second) of useful bytes, median of rounds; find in s."]
+    allowed = (report["budget_bytes"] + RSS_ALLOWANCE) / MiB
+    for name, mib in report["peak_rss_mib"].items():
+        if name.startswith("refmount") and "find set" not in name:
+            verdict = "met" if mib <= allowed else "MISSED"
+            target = f" (budget + 150 MB = {allowed:.0f} MiB: {verdict})"
+        else:
+            target = ""
+        lines.append(f"Peak RSS of the {name} daemon: {mib:.0f} MiB{target}.")
+    lines += [f"Note: {note}." for note in report["notes"]]
     for name, errors in report["errors"].items():
-        for w, error in errors.items():
-            lines.append(f"Error: {name} {w}: {error}")
+        lines += [f"Error: {name} {w}: {error}" for w, error in errors.items()]
     return "\n".join(lines) + "\n"
 
 
-# A 3x5 pixel font: enough for the chart's labels (upper case, digits, a few marks).
-_FONT = {
-    "A": "010101111101101", "B": "110101110101110", "C": "011100100100011",
-    "D": "110101101101110", "E": "111100110100111", "F": "111100110100100",
-    "G": "011100101101011", "H": "101101111101101", "I": "111010010010111",
-    "J": "001001001101010", "K": "101101110101101", "L": "100100100100111",
-    "M": "101111111101101", "N": "110101101101101", "O": "010101101101010",
-    "P": "110101110100100", "Q": "010101101110011", "R": "110101110101101",
-    "S": "011100010001110", "T": "111010010010010", "U": "101101101101111",
-    "V": "101101101101010", "W": "101101111111101", "X": "101101010101101",
-    "Y": "101101010010010", "Z": "111001010100111", "0": "111101101101111",
-    "1": "010110010010111", "2": "110001010100111", "3": "110001010001110",
-    "4": "101101111001001", "5": "111100110001110", "6": "011100111101111",
-    "7": "111001010010010", "8": "111101111101111", "9": "111101111001110",
-    ".": "000000000000010", "/": "001001010100100", "-": "000000111000000",
-    "(": "010100100100010", ")": "010001001001010", ":": "000010000010000",
-    " ": "000000000000000", "_": "000000000000111", "%": "101001010100101",
-}  # fmt: skip
-
-_COLOURS = [(120, 120, 120), (70, 130, 180), (230, 150, 40), (60, 170, 90), (170, 90, 160)]
+def write_csv(report: dict[str, Any], path: Path) -> None:
+    with path.open("w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["workload", "system", "value", "unit", "server", "delay_s", "quick"])
+        for s in report["systems"]:
+            for w in report["workloads"]:
+                value = report["figures"][s][w]
+                if value is not None:
+                    unit = "s" if w == "find" else "MB/s"
+                    writer.writerow([w, s, f"{value:.4g}", unit, report["server"],
+                                     report["delay"], report["quick"]])  # fmt: skip
 
 
-class Canvas:
-    def __init__(self, width: int, height: int) -> None:
-        self.width = width
-        self.height = height
-        self.pixels = bytearray(b"\xff" * (width * height * 3))
-
-    def rect(self, x: int, y: int, w: int, h: int, colour: tuple[int, int, int]) -> None:
-        row = bytes(colour) * max(w, 0)
-        for yy in range(max(y, 0), min(y + h, self.height)):
-            start = (yy * self.width + max(x, 0)) * 3
-            self.pixels[start : start + len(row)] = row[: (self.width - max(x, 0)) * 3]
-
-    def text(self, x: int, y: int, text: str, scale: int = 2, colour=(0, 0, 0)) -> None:
-        for n, char in enumerate(text.upper()):
-            glyph = _FONT.get(char, _FONT[" "])
-            for bit, on in enumerate(glyph):
-                if on == "1":
-                    gx, gy = bit % 3, bit // 3
-                    self.rect(x + (n * 4 + gx) * scale, y + gy * scale, scale, scale, colour)
-
-    def png(self) -> bytes:
-        raw = b"".join(
-            b"\x00" + bytes(self.pixels[y * self.width * 3 : (y + 1) * self.width * 3])
-            for y in range(self.height)
-        )
-
-        def chunk(kind: bytes, body: bytes) -> bytes:
-            crc = zlib.crc32(kind + body) & 0xFFFFFFFF
-            return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
-
-        header = struct.pack(">IIBBBBB", self.width, self.height, 8, 2, 0, 0, 0)
-        return (
-            b"\x89PNG\r\n\x1a\n"
-            + chunk(b"IHDR", header)
-            + chunk(b"IDAT", zlib.compress(raw, 9))
-            + chunk(b"IEND", b"")
-        )
-
-
-def png_bar_chart(report: dict[str, Any]) -> bytes:
-    """Grouped bars: MB/s per workload, one colour per system, values written on top.
-
-    Drawn with zlib and struct alone (a 3x5 pixel font) rather than matplotlib: the
-    benchmark then needs nothing beyond the project's own dependencies."""
-    mbps = report["mbps"]
-    width, height, left, bottom, top = 900, 420, 70, 60, 60
-    canvas = Canvas(width, height)
-    values = [v for s in SYSTEMS for v in mbps[s].values() if v]
-    vmax = max(values, default=1.0) * 1.1
-    plot_h = height - bottom - top
-    group_w = (width - left - 20) // len(WORKLOADS)
-    bar_w = (group_w - 30) // len(SYSTEMS)
-    canvas.text(left, 12, f"MB/S WITH {report['delay'] * 1000:g} MS PER REQUEST", 3)
-    canvas.rect(left - 2, top, 2, plot_h, (0, 0, 0))
-    canvas.rect(left - 2, top + plot_h, width - left - 10, 2, (0, 0, 0))
-    for tick in range(5):
-        value = vmax * tick / 4
-        y = top + plot_h - int(plot_h * tick / 4)
-        canvas.rect(left - 6, y, 4, 1, (0, 0, 0))
-        canvas.text(4, y - 5, f"{value:.0f}", 2)
-    for g, w in enumerate(WORKLOADS):
-        x0 = left + g * group_w + 15
-        for n, s in enumerate(SYSTEMS):
-            value = mbps[s][w]
-            if not value:
-                continue
-            h = int(plot_h * value / vmax)
-            x = x0 + n * bar_w
-            canvas.rect(x, top + plot_h - h, bar_w - 4, h, _COLOURS[n])
-            canvas.text(x, top + plot_h - h - 12, f"{value:.0f}", 1)
-        canvas.text(x0, top + plot_h + 10, f"{w} {TITLES[w]}", 2)
-    for n, s in enumerate(SYSTEMS):
-        x = left + n * 160
-        canvas.rect(x, height - 22, 12, 12, _COLOURS[n])
-        canvas.text(x + 18, height - 21, s, 2)
-    return canvas.png()
+def raise_interrupt(signum: int, frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C: every ``finally`` unmounts and stops its server."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="64 MiB, 400 chunks, 100k keys")
+    parser.add_argument("--server", choices=("nginx", "python"), default="nginx")
     parser.add_argument("--delay", type=float, default=0.01, help="seconds per request")
-    parser.add_argument("--quick", action="store_true", help="64 MiB and 400 chunks")
     parser.add_argument("--repeat", type=int, default=1, help="rounds; medians are reported")
     parser.add_argument("--out", default=str(REPO / "bench" / "out"))
     parser.add_argument(
@@ -687,19 +679,30 @@ def main(argv: list[str] | None = None) -> int:
         help="data, refs and mount points (data is kept for the next run)",
     )
     parser.add_argument("--cache-size", default="512M", help="refmount's --cache-size")
+    parser.add_argument("--refmount-args", default="", help="more refmount options")
+    parser.add_argument("--only", nargs="*", choices=SYSTEMS, help="these systems only")
     parser.add_argument("--skip", nargs="*", default=[], choices=SYSTEMS)
+    parser.add_argument("--workloads", nargs="*", choices=WORKLOADS, help="these only")
+    parser.add_argument("--note", help="a note for the report, e.g. 'machine shared'")
     parser.add_argument(
         "--no-fusectl", action="store_true", help="do not mount fusectl when it is missing"
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    report = run(args)
+    signal.signal(signal.SIGTERM, raise_interrupt)
+    # Started in the background by a shell, SIGINT arrives ignored: make Ctrl-C count.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        report = run(args)
+    except KeyboardInterrupt:
+        log.error("interrupted: mounts undone, servers stopped")
+        return 130
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(report)
     (out / "results.md").write_text(table)
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "throughput.png").write_bytes(png_bar_chart(report))
+    write_csv(report, out / "results.csv")
     sys.stdout.write(table)
     sys.stdout.write(f"(written to {out})\n")
     return 0

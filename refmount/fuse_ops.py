@@ -9,6 +9,7 @@ answers ENOENT, which means "no such key" to zarr: a missing target is EIO.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import itertools
@@ -27,6 +28,7 @@ from refmount.errors import FetchError
 from refmount.fetch import FetchStats
 from refmount.refs.model import Ref
 from refmount.tree import ROOT_INODE, Node, StaleInode, Tree
+from refmount.tuning import PYFUSE3_PATCHED
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +112,10 @@ class Operations(pyfuse3.Operations):
     the kernel holds (lookups and listed entries, less what it forgets) and remembers the
     names the kernel caches as missing."""
 
+    #: With refmount's pyfuse3 patch, the kernel lists with plain READDIR unless the
+    #: entries are being stat'ed (``find`` creates no kernel inode per entry).
+    readdirplus_auto = True
+
     def __init__(
         self, tree: Tree, cache: BlockCache, fetch_stats: FetchStats, *, xattrs: bool = False
     ) -> None:
@@ -123,11 +129,12 @@ class Operations(pyfuse3.Operations):
         self._logged = OnceLog()
         self.known: dict[int, int] = {}  # file inode -> the kernel's lookup count
         self.negatives: set[tuple[int, str]] = set()  # (parent inode, name) cached missing
+        self.retired: list[Tree] = []  # trees a reload replaced, while they may be read
 
     def _subject(self, op: str, args: tuple[Any, ...]) -> str:
         """What a failed request was about (a key or directory path), for its message."""
         try:
-            if op in ("read", "release"):
+            if op in ("read", "release") and not PYFUSE3_PATCHED:
                 handle = self._open.get(args[0])
                 return handle.key if handle else f"handle {args[0]}"
             if not args or not isinstance(args[0], int):
@@ -259,15 +266,35 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             raise pyfuse3.FUSEError(errno.EROFS)
-        ref = await tree.ref(inode)
-        size = await tree.size(ref)
+        if PYFUSE3_PATCHED:
+            # ENOSYS once and the kernel opens files without asking (keeping their page
+            # cache), sends no RELEASE, and reads with file handle 0: the patched pyfuse3
+            # hands ``read`` the inode instead.
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         fh = next(self._handles)
-        self._open[fh] = OpenFile(tree.key(inode), ref, size)
+        self._open[fh] = await self._file(tree, inode)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
+    async def _file(self, tree: Tree, inode: int) -> OpenFile:
+        ref = await tree.ref(inode)
+        return OpenFile(tree.key(inode), ref, await tree.size(ref))
+
+    async def _unopened(self, inode: int) -> OpenFile:
+        """The file an inode names, for a READ without OPEN: in the current tree, else in
+        a tree a reload replaced a short while ago (a reader that opened a file before
+        the reload keeps reading the bytes it opened; later, ESTALE)."""
+        try:
+            return await self._file(self.tree, inode)
+        except StaleInode:
+            for tree in reversed(self.retired):
+                with contextlib.suppress(StaleInode):
+                    return await self._file(tree, inode)
+            raise
+
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
-        # The open file holds its reference: a reload does not change what it reads.
-        handle = self._open[fh]
+        # An open file holds its reference: a reload does not change what it reads.
+        # Without OPEN (see ``open``), ``fh`` is the inode.
+        handle = await self._unopened(fh) if PYFUSE3_PATCHED else self._open[fh]
         end = min(off + size, handle.size)
         if off >= end:
             return b""

@@ -30,6 +30,7 @@ from refmount.notify import notify
 from refmount.options import Config
 from refmount.redaction import Scrubber, shown
 from refmount.refs import RefSet
+from refmount.tree import Tree
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,8 @@ class Reloader:
                 last = signature
             await trio.sleep(interval)
 
-    async def reload(self) -> RefSet | None:
-        """Load REFS anew and swap it in; returns the replaced set, or ``None``."""
+    async def reload(self) -> Tree | None:
+        """Load REFS anew and swap it in; returns the replaced tree, or ``None``."""
         refs = shown(self.config.refs)
         notify(f"RELOADING=1\nMONOTONIC_USEC={monotonic_usec()}\nSTATUS=reloading {refs}")
         log.info("reloading %s", refs)
@@ -134,12 +135,18 @@ class Reloader:
         notify(f"READY=1\nSTATUS=serving {refs} (reloaded {time.strftime('%H:%M:%S')})")
         self._record(ok=True, message=f"{len(entries)} entries invalidated")
         await self.cache.fetcher.prepare(sorted(refset.protocols()))
-        return old.refset
+        return old
 
-    @staticmethod
-    async def _retire(refset: RefSet) -> None:
-        await trio.sleep(RETIRE_SECONDS)
-        refset.close()
+    async def _retire(self, tree: Tree) -> None:
+        """Keep a replaced tree readable for a while (reads of files opened before the
+        reload, when pyfuse3 sends no OPEN), then let go of it."""
+        retired = self.operations.retired
+        retired.append(tree)
+        try:
+            await trio.sleep(RETIRE_SECONDS)
+        finally:
+            retired.remove(tree)
+            tree.refset.close()
 
 
 def _invalidate(entries: list[tuple[int, str]], directories: list[int]) -> None:

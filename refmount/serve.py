@@ -29,7 +29,7 @@ from refmount.redaction import Scrubber, shown
 from refmount.refs import RefSet, open_refset
 from refmount.reload import Reloader
 from refmount.tree import Owner, Tree
-from refmount.tuning import tune_kernel
+from refmount.tuning import log_fuse_features, tune_kernel
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,7 @@ class Daemon:
                 on_error(scrub(message))
 
         try:
+            log_fuse_features()
             pyfuse3.init(self.operations, mountpoint, mount_options(self.config))
         except RuntimeError as exc:
             fail(f"refmount: cannot mount {mountpoint}: {exc}")

@@ -6,87 +6,22 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+# Re-exported: test modules import these names from here.
+from tests.support.mounting import (  # noqa: F401
+    REFMOUNT,
+    Mounted,
+    daemon_pids,
+    is_mounted,
+    unmount,
+)
 from tests.support.nginx import NginxServer
 from tests.support.servers import MotoServer, RangeServer
-
-REFMOUNT = [sys.executable, "-m", "refmount"]
-
-
-def is_mounted(path: Path) -> bool:
-    target = os.path.realpath(path)
-    with open("/proc/mounts") as mounts:
-        return any(line.split()[1] == target for line in mounts)
-
-
-def unmount(path: Path) -> None:
-    """Unmount, lazily if a plain unmount fails: a test never leaves a mount behind."""
-    if not is_mounted(path):
-        return
-    subprocess.run(["fusermount3", "-u", str(path)], capture_output=True)
-    if is_mounted(path):
-        subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True)
-
-
-def daemon_pids(mountpoint: Path) -> list[int]:
-    """Pids of refmount daemons serving ``mountpoint`` (ours: the path is a tmp_path)."""
-    pids = []
-    needle = str(mountpoint).encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        is_daemon = b"refmount" in argv or os.path.basename(argv[0]) == b"refmount"
-        if is_daemon and needle in argv:  # not libfuse's fusermount3 auto_unmount helper
-            pids.append(int(entry.name))
-    return pids
-
-
-class Mounted:
-    """A refmount daemon started by a test, in the foreground (so the test owns its pid)."""
-
-    def __init__(self, refs: str | Path, mountpoint: Path, args: list[str], log: Path) -> None:
-        self.mountpoint = mountpoint
-        self.log_path = log
-        self._log = log.open("wb")
-        self.process = subprocess.Popen(
-            [*REFMOUNT, str(refs), str(mountpoint), "-f", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 60
-        while not is_mounted(mountpoint):
-            if self.process.poll() is not None:
-                raise RuntimeError(f"refmount exited {self.process.returncode}: {self.log()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"refmount did not mount within 60 s: {self.log()}")
-            time.sleep(0.02)
-        os.stat(mountpoint)  # answers once the daemon's loop runs
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> int | None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        unmount(self.mountpoint)
-        self._log.close()
-        return self.process.returncode
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ every request so the tests can assert on what went to the store.
 from __future__ import annotations
 
 import errno
-import logging
-import os
 import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -16,7 +14,6 @@ from pathlib import Path
 import pytest
 import trio
 
-from refmount import tuning
 from refmount.cache import SEQ_MIN_BYTES, BlockCache
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher
@@ -98,30 +95,30 @@ def with_cache(
 
 def assert_accounting(cache: BlockCache) -> None:
     """The counters agree with what the cache really holds, and nothing is in flight."""
-    parts = [*cache._lru, *cache._ahead]
+    parts = [*cache.memory.lru, *cache.memory.ahead]
     held = sum(len(p.data) for p in parts)
     stats = cache.stats()
     assert stats["bytes_cached"] == held
-    assert stats["readahead_cached"] == sum(len(p.data) for p in cache._ahead)
+    assert stats["readahead_cached"] == sum(len(p.data) for p in cache.memory.ahead)
     assert stats["inflight_bytes"] == 0
     assert stats["inflight_parts"] == 0
     assert held <= cache.budget
     # Every indexed block belongs to a cached part that holds some of its bytes.
     bs = cache.block_size
     for (url, i), part in cache._index.items():
-        assert part in cache._lru or part in cache._ahead
+        assert part in cache.memory.lru or part in cache.memory.ahead
         assert part.url == url
         assert part.start <= i * bs < part.start + len(part.data)
     for (url, start, end), part in cache._exact.items():
-        assert part in cache._lru
+        assert part in cache.memory.lru
         assert (part.url, part.start, len(part.data)) == (url, start, end - start)
 
 
 def held_or_reserved(cache: BlockCache) -> int:
     """Bytes of cached parts plus requested bytes of parts in flight, counted from scratch."""
-    held = sum(len(p.data) for p in [*cache._lru, *cache._ahead])
+    held = sum(len(p.data) for p in [*cache.memory.lru, *cache.memory.ahead])
     parts = [*cache._index.values(), *cache._exact.values()]
-    flying = {id(p): 2 * (p.end - p.start) for p in parts if p.data is None}
+    flying = {id(p): 2 * (p.end - p.start) for p in parts if p.pending}
     return held + sum(flying.values())
 
 
@@ -295,7 +292,7 @@ def test_sequential_reader_grows_the_window(tmp_path: Path) -> None:
     async def body(cache: BlockCache) -> None:
         for start in range(0, size, 64 * KiB):
             assert await cache.read(url, start, start + 64 * KiB) == data[start : start + 64 * KiB]
-            windows.append(cache._streams[url][-1].window)
+            windows.append(cache.streams.of(url)[-1].window)
 
     with_cache(cache, body)
     stats = cache.stats()
@@ -335,7 +332,7 @@ def test_back_to_back_chunks_form_one_stream(tmp_path: Path) -> None:
 
     with_cache(cache, body)
     stats = cache.stats()
-    assert len(cache._streams[url]) == 1
+    assert len(cache.streams.of(url)) == 1
     assert stats["readahead_bytes"] >= chunk * count - 1 * MiB
     # About 13 demand fetches before read-ahead starts, then mostly 512 KiB parts.
     assert stats["demand_requests"] <= SEQ_MIN_BYTES // (chunk // 2) + 1
@@ -360,7 +357,7 @@ def test_interleaved_sequential_readers_each_get_a_stream(tmp_path: Path) -> Non
                 )
 
     with_cache(cache, body)
-    streams = cache._streams[url]
+    streams = cache.streams.of(url)
     assert len(streams) == 3
     assert all(s.window >= 1 * MiB for s in streams)
     stats = cache.stats()
@@ -441,7 +438,7 @@ def test_unread_read_ahead_is_not_evicted_by_read_ahead(tmp_path: Path) -> None:
         nonlocal peak_ahead
         for start in range(0, size, 32 * KiB):
             assert await cache.read(url, start, start + 32 * KiB) == data[start : start + 32 * KiB]
-            peak_ahead = max(peak_ahead, cache._ahead_bytes + cache._ahead_inflight)
+            peak_ahead = max(peak_ahead, cache.memory.ahead_cached + cache.memory.ahead_inflight)
 
     with_cache(cache, body)
     stats = cache.stats()
@@ -886,34 +883,3 @@ def test_stats_has_the_documented_counters(tmp_path: Path) -> None:
         assert name in stats
     assert stats["budget"] == 512 << 20
     assert stats["block_size"] == 256 * KiB
-
-
-# -- tuning.tune_kernel ------------------------------------------------------------------
-
-
-def test_tune_kernel_writes_sysfs_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    minor = os.minor(os.stat(mnt).st_dev)
-    bdi = tmp_path / "bdi" / f"0:{minor}"
-    conn = tmp_path / "conn" / str(minor)
-    bdi.mkdir(parents=True)
-    conn.mkdir(parents=True)
-    monkeypatch.setattr(tuning, "BDI_ROOT", tmp_path / "bdi")
-    monkeypatch.setattr(tuning, "CONNECTIONS_ROOT", tmp_path / "conn")
-    tuning.tune_kernel(str(mnt), read_ahead_kb=16384, max_background=64)
-    assert (bdi / "read_ahead_kb").read_text() == "16384\n"
-    assert (conn / "max_background").read_text() == "64\n"
-    assert (conn / "congestion_threshold").read_text() == "48\n"
-
-
-def test_tune_kernel_never_raises(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr(tuning, "BDI_ROOT", tmp_path / "nothing")
-    monkeypatch.setattr(tuning, "CONNECTIONS_ROOT", tmp_path / "nothing")
-    with caplog.at_level(logging.DEBUG, logger="refmount.tuning"):
-        tuning.tune_kernel(str(tmp_path), read_ahead_kb=1024, max_background=64)
-        tuning.tune_kernel(str(tmp_path / "missing"), read_ahead_kb=1024, max_background=64)
-    assert any("stat failed" in r.getMessage() for r in caplog.records)
-    assert sum("could not set" in r.getMessage() for r in caplog.records) == 3

@@ -92,7 +92,9 @@ def _answered(op: str, handler: Handler) -> Handler:
             raise pyfuse3.FUSEError(errno.ESTALE) from None
         except FetchError as exc:
             subject = self._subject(op, args)
-            if self._logged.first(op, subject, str(exc)):
+            # Once per distinct failure, naming the first key it met: a bad record file
+            # or target fails every key that points into it, and each would log a line.
+            if self._logged.first(str(exc)):
                 log.warning("%s of %r failed: %s", op, subject, exc)
             raise pyfuse3.FUSEError(reader_errno(op, exc)) from None
         except Exception as exc:

@@ -7,6 +7,7 @@ the data the test itself put on the server.
 from __future__ import annotations
 
 import base64
+import errno
 import itertools
 import json
 import os
@@ -151,8 +152,9 @@ def test_http_missing_whole_file_does_not_hide_its_directory(
     assert {"here", "inline", "range"} <= set(os.listdir(m.mountpoint / "d"))
     assert read(m.mountpoint / "d" / "here") == data
     assert read(m.mountpoint / "d" / "range") == data[100:110]
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(OSError) as failed:  # EIO: ENOENT would mean "no such key"
         read(m.mountpoint / "d" / "gone")
+    assert failed.value.errno == errno.EIO
 
 
 # -- S3 targets -----------------------------------------------------------------------------
@@ -196,10 +198,11 @@ def test_s3_targets(
     )
 
 
-def test_s3_flat_options_apply_to_every_remote_protocol(
+def test_s3_flat_options_apply_to_the_one_remote_host(
     mount: Callable[..., Mounted], s3_server: MotoServer, bucket: str, tmp_path: Path
 ) -> None:
-    """``--help``: flat remote options are "for --remote-protocol, or every remote protocol"."""
+    """``--help``: flat remote options are "for --remote-protocol, or the one remote host
+    of the set"."""
     data = payload(5_000, 5)
     s3_server.put(bucket, "data.bin", data)
     refs = {"k": [f"s3://{bucket}/data.bin", 1, 4_000]}

@@ -1,0 +1,217 @@
+"""Stores that lie, stall or flood, as readers of the mount see them.
+
+Each test mounts a reference set with a 64 MiB cache, makes tests/support/rangeserver.py
+answer one target in a hostile way (see its docstring: a 10 GiB body to a ranged request,
+an endless body, a gzip bomb, a 200 or a Content-Range that is not the asked range, long
+and short bodies, errors after mount, resets), reads through the mount with ``cat`` or
+``dd`` in a child process, and asserts three things: the reader gets the right bytes or
+EIO (never wrong bytes, never ENOENT), the daemon still serves another key, and the
+daemon's peak resident memory stayed under the cache budget plus ``RSS_MARGIN``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Mounted
+from tests.support.servers import RangeServer
+
+CACHE = 64 << 20
+CACHE_OPTION = "64M"
+RSS_MARGIN = 200 << 20  # the interpreter, pyarrow, aiohttp and one request's buffers
+EIO = "Input/output error"
+KEY_OFFSET = 1_000_000  # where a key starts in its target (non-zero: a 200 is then a lie)
+KEY_LENGTH = 300_000
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    data: bytes
+
+    @property
+    def path(self) -> str:
+        return "/" + self.name
+
+
+@pytest.fixture
+def target(http: RangeServer, request: pytest.FixtureRequest) -> Callable[[str, int], Target]:
+    """``target(suffix, size)``: a file of random bytes on the server, named after the test."""
+    prefix = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
+
+    def put(suffix: str, size: int = 2_000_000) -> Target:
+        name = f"{prefix}-{suffix}.bin"
+        data = random.Random(name).randbytes(size)
+        (http.root / name).write_bytes(data)
+        return Target(name, f"{http.url}/{name}", data)
+
+    return put
+
+
+def write_refs(directory: Path, refs: dict[str, object]) -> Path:
+    path = directory / "refs.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    return path
+
+
+def read(path: Path, tool: str = "cat") -> subprocess.CompletedProcess[bytes]:
+    argv = ["cat", str(path)] if tool == "cat" else ["dd", f"if={path}", "bs=1M", "status=none"]
+    return subprocess.run(argv, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def peak_rss(m: Mounted) -> int:
+    """The daemon's peak resident set (VmHWM), in bytes."""
+    status = Path(f"/proc/{m.process.pid}/status").read_text()
+    match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    assert match, status
+    return int(match[1]) * 1024
+
+
+def mount_hostile(
+    mount: Callable[..., Mounted],
+    tmp_path: Path,
+    refs: dict[str, object],
+    *extra: str,
+) -> Mounted:
+    return mount(
+        write_refs(tmp_path, refs),
+        "--cache-size", CACHE_OPTION, "--timeout", "5", "--retries", "1", *extra,
+    )  # fmt: skip
+
+
+def assert_alive_and_bounded(m: Mounted, good: Target, key: str = "good") -> None:
+    assert m.process.poll() is None, m.log()
+    result = read(m.mountpoint / key)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == good.data[KEY_OFFSET : KEY_OFFSET + KEY_LENGTH]
+    peak = peak_rss(m)
+    assert peak < CACHE + RSS_MARGIN, f"peak RSS {peak >> 20} MiB"
+
+
+def assert_eio(result: subprocess.CompletedProcess[bytes], expected: bytes) -> None:
+    assert result.returncode != 0, f"read {len(result.stdout)} bytes instead of failing"
+    assert EIO in result.stderr.decode(), result.stderr
+    assert expected.startswith(result.stdout), "bytes read before the error are wrong"
+
+
+# -- bodies that are not the asked range ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mode", ["huge", "endless", "gzip-bomb", "exact-200", "wrong-range", "long", "short",
+             "truncate"],
+)  # fmt: skip
+@pytest.mark.parametrize("tool", ["cat", "dd"])
+def test_a_lying_body_is_eio_at_bounded_cost(
+    mode: str,
+    tool: str,
+    mount: Callable[..., Mounted],
+    target: Callable[[str, int], Target],
+    http: RangeServer,
+    tmp_path: Path,
+) -> None:
+    bad, good = target("bad"), target("good")
+    refs = {
+        "bad": [bad.url, KEY_OFFSET, KEY_LENGTH],
+        "good": [good.url, KEY_OFFSET, KEY_LENGTH],
+    }
+    m = mount_hostile(mount, tmp_path, refs)
+    http.fault(bad.path, mode, count=-1)
+
+    assert_eio(read(m.mountpoint / "bad", tool), bad.data[KEY_OFFSET : KEY_OFFSET + KEY_LENGTH])
+
+    stats = http.stats()
+    assert stats["requests"] >= 2, stats  # the lie was retried once before EIO
+    for headers in stats["headers"]:
+        assert headers.get("accept-encoding") == "identity", headers
+    assert_alive_and_bounded(m, good)
+    # Nothing about the lie is remembered: once the store tells the truth, the bytes are right.
+    http.clear_faults()
+    result = read(m.mountpoint / "bad", tool)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == bad.data[KEY_OFFSET : KEY_OFFSET + KEY_LENGTH]
+
+
+@pytest.mark.parametrize("mode", ["huge", "exact-200"])
+def test_a_200_from_byte_zero_is_used_for_its_prefix_only(
+    mode: str,
+    mount: Callable[..., Mounted],
+    target: Callable[[str, int], Target],
+    http: RangeServer,
+    tmp_path: Path,
+) -> None:
+    """A 200 is the whole object from byte 0: for a key at offset 0 its first bytes are
+    the right ones, and no more of it than the key needs is read (the huge body is 10 GiB)."""
+    first, good = target("first"), target("good")
+    refs = {"first": [first.url, 0, 50_000], "good": [good.url, KEY_OFFSET, KEY_LENGTH]}
+    m = mount_hostile(mount, tmp_path, refs)
+    http.fault(first.path, mode, count=-1)
+
+    result = read(m.mountpoint / "first")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == first.data[:50_000]
+    assert_alive_and_bounded(m, good)
+
+
+def test_a_size_no_file_can_have_is_eio(
+    mount: Callable[..., Mounted],
+    target: Callable[[str, int], Target],
+    http: RangeServer,
+    tmp_path: Path,
+) -> None:
+    whole, good = target("whole", 1000), target("good")
+    refs = {"whole": [whole.url], "good": [good.url, KEY_OFFSET, KEY_LENGTH]}
+    m = mount_hostile(mount, tmp_path, refs)
+    http.fault(whole.path, "huge-size", count=-1, method="HEAD")
+
+    result = subprocess.run(["stat", "-c", "%s", str(m.mountpoint / "whole")],
+                            capture_output=True, timeout=60)  # fmt: skip
+
+    assert result.returncode != 0, result.stdout
+    assert EIO in result.stderr.decode(), result.stderr
+    assert "the store reports a size of 9223372036854775808 bytes" in m.log()
+    assert_alive_and_bounded(m, good)
+
+
+# -- errors after mount ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [("404", EIO), ("403", "Permission denied"), ("500", EIO), ("reset", EIO), ("stall", EIO)],
+)
+def test_errors_after_mount_are_eio_or_eacces_never_enoent(
+    mode: str,
+    message: str,
+    mount: Callable[..., Mounted],
+    target: Callable[[str, int], Target],
+    http: RangeServer,
+    tmp_path: Path,
+) -> None:
+    bad, good = target("bad"), target("good")
+    refs = {
+        "range": [bad.url, KEY_OFFSET, KEY_LENGTH],
+        "whole": [bad.url],
+        "good": [good.url, KEY_OFFSET, KEY_LENGTH],
+    }
+    m = mount_hostile(mount, tmp_path, refs)
+    http.fault(bad.path, mode, count=-1)
+
+    for key in ("range", "whole"):
+        result = read(m.mountpoint / key)
+        assert result.returncode != 0, f"{key}: read {len(result.stdout)} bytes"
+        stderr = result.stderr.decode()
+        assert message in stderr, stderr
+        assert "No such file or directory" not in stderr
+        assert result.stdout == b""
+    assert_alive_and_bounded(m, good)

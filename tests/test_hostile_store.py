@@ -7,6 +7,7 @@ and short bodies, errors after mount, resets), reads through the mount with ``ca
 ``dd`` in a child process, and asserts three things: the reader gets the right bytes or
 EIO (never wrong bytes, never ENOENT), the daemon still serves another key, and the
 daemon's peak resident memory stayed under the cache budget plus ``RSS_MARGIN``.
+The last tests check that options given for one host (a bearer token) reach no other.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import json
 import random
 import re
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Mounted
+from tests.conftest import Mounted, is_mounted, refmount_cli
 from tests.support.servers import RangeServer
 
 CACHE = 64 << 20
@@ -215,3 +216,74 @@ def test_errors_after_mount_are_eio_or_eacces_never_enoent(
         assert "No such file or directory" not in stderr
         assert result.stdout == b""
     assert_alive_and_bounded(m, good)
+
+
+# -- secrets go only where they were given for ----------------------------------------------------
+
+
+@pytest.fixture
+def second_http(tmp_path: Path) -> Iterator[RangeServer]:
+    """Another server on 127.0.0.1: another port, so another host to refmount."""
+    root = tmp_path / "second-root"
+    root.mkdir()
+    with RangeServer(root) as server:
+        yield server
+
+
+def two_host_refs(
+    tmp_path: Path, first: RangeServer, second: RangeServer
+) -> tuple[Path, bytes, bytes]:
+    one, two = random.Random(1).randbytes(5000), random.Random(2).randbytes(5000)
+    (first.root / f"{tmp_path.name}-one.bin").write_bytes(one)
+    (second.root / "two.bin").write_bytes(two)
+    refs = {
+        "one": [f"{first.url}/{tmp_path.name}-one.bin", 100, 1000],
+        "two": [f"{second.url}/two.bin", 200, 1000],
+    }
+    return write_refs(tmp_path, refs), one, two
+
+
+def test_options_for_one_host_never_reach_another(
+    mount: Callable[..., Mounted], http: RangeServer, second_http: RangeServer, tmp_path: Path
+) -> None:
+    refs, one, two = two_host_refs(tmp_path, http, second_http)
+    options = {http.url: {"headers": {"Authorization": "Bearer for-the-first-only"}}}
+    m = mount(refs, "--remote-options", json.dumps(options))
+
+    assert read(m.mountpoint / "one").stdout == one[100:1100]
+    assert read(m.mountpoint / "two").stdout == two[200:1200]
+
+    first_headers, second_headers = http.stats()["headers"], second_http.stats()["headers"]
+    assert first_headers and second_headers
+    assert all(h.get("authorization") == "Bearer for-the-first-only" for h in first_headers)
+    assert all("authorization" not in h for h in second_headers), second_headers
+
+
+def test_flat_options_for_a_set_of_many_hosts_are_refused(
+    mountpoint: Path, http: RangeServer, second_http: RangeServer, tmp_path: Path
+) -> None:
+    refs, _, _ = two_host_refs(tmp_path, http, second_http)
+    flat = {"headers": {"Authorization": "Bearer secret"}}
+
+    result = refmount_cli(str(refs), str(mountpoint), "-f", "--remote-options", json.dumps(flat))
+
+    assert result.returncode != 0
+    assert "points at 2 remote hosts" in result.stderr, result.stderr
+    assert "key the options by protocol or host" in result.stderr
+    assert "Bearer secret" not in result.stderr
+    assert not is_mounted(mountpoint)
+    assert http.stats()["requests"] == 0 and second_http.stats()["requests"] == 0
+
+
+def test_flat_options_go_to_the_one_host_of_the_set(
+    mount: Callable[..., Mounted], http: RangeServer, tmp_path: Path
+) -> None:
+    data = random.Random(3).randbytes(3000)
+    (http.root / f"{tmp_path.name}-only.bin").write_bytes(data)
+    refs = write_refs(tmp_path, {"k": [f"{http.url}/{tmp_path.name}-only.bin", 10, 2000]})
+    flat = {"headers": {"Authorization": "Bearer the-one-host"}}
+    m = mount(refs, "--remote-options", json.dumps(flat))
+
+    assert read(m.mountpoint / "k").stdout == data[10:2010]
+    headers = http.stats()["headers"]
+    assert headers and all(h.get("authorization") == "Bearer the-one-host" for h in headers)

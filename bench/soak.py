@@ -56,8 +56,11 @@ class Tally:
     wrong_reads: int = 0
     wrong_bytes: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    wrong: list[str] = field(default_factory=list)  # the first few wrong reads, described
 
-    def add(self, got: bytes | None, expected: bytes, err: int | None = None) -> None:
+    def add(
+        self, got: bytes | None, expected: bytes, err: int | None = None, where: str = ""
+    ) -> None:
         with self.lock:
             self.reads += 1
             if err is not None:
@@ -67,8 +70,16 @@ class Tally:
             self.bytes += len(got)
             if got != expected:
                 self.wrong_reads += 1
-                differing = sum(a != b for a, b in zip(got, expected, strict=False))
-                self.wrong_bytes += differing + abs(len(got) - len(expected))
+                differing = [
+                    i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b
+                ]
+                self.wrong_bytes += len(differing) + abs(len(got) - len(expected))
+                if len(self.wrong) < 10:
+                    first = differing[0] if differing else None
+                    self.wrong.append(
+                        f"{where}: got {len(got)} bytes, expected "
+                        f"{len(expected)}, first difference at {first}"
+                    )
 
 
 def build(work: Path) -> tuple[dict[str, object], dict[str, bytes]]:
@@ -116,7 +127,7 @@ def reader(mountpoint: Path, expected: dict[str, bytes], tally: Tally, stop: flo
         except OSError as exc:
             tally.add(None, b"", exc.errno)
             continue
-        tally.add(got, want[start : start + size])
+        tally.add(got, want[start : start + size], where=f"{key} at {start}, {size} asked")
 
 
 def inject(server: RangeServer, stop: float, every: float, injected: Counter[str]) -> None:
@@ -221,18 +232,21 @@ def soak(
           f"{args.minutes:g} min")  # fmt: skip
     print(f"{'s':>5} {'reads':>7} {'MB':>7} {'wrong':>6} {'errors':<28} "
           f"{'rss':>5} {'peak':>5} {'thr':>4} {'fds':>4}")  # fmt: skip
-    began = time.monotonic()
+    began = last = time.monotonic()
     samples = []
     while any(t.is_alive() for t in threads):
-        time.sleep(min(args.sample, max(0.1, stop - time.monotonic() + 0.5)))
+        time.sleep(0.5)
         if proc.poll() is not None:
             print(f"the daemon died with status {proc.returncode}:\n{log.read_text()[-3000:]}")
             return 1
+        if time.monotonic() - last < args.sample and any(t.is_alive() for t in threads):
+            continue
+        last = time.monotonic()
         figures = process_figures(proc.pid)
         samples.append(figures)
         with tally.lock:
             errors = ",".join(f"{k}:{v}" for k, v in sorted(tally.errors.items())) or "-"
-            print(f"{time.monotonic() - began:5.0f} {tally.reads:7d} {tally.bytes / 1e6:7.0f} "
+            print(f"{last - began:5.0f} {tally.reads:7d} {tally.bytes / 1e6:7.0f} "
                   f"{tally.wrong_bytes:6d} {errors:<28} {figures['rss_mb']:5d} "
                   f"{figures['peak_mb']:5d} {figures['threads']:4d} {figures['fds']:4d}",
                   flush=True)  # fmt: skip
@@ -240,6 +254,8 @@ def soak(
         thread.join()
     first, last = samples[0], samples[-1]
     print(f"faults injected: {dict(sorted(injected.items()))}")
+    for line in tally.wrong:
+        print(f"wrong read: {line}")
     print(f"reads {tally.reads}, bytes {tally.bytes}, wrong reads {tally.wrong_reads}, "
           f"wrong bytes {tally.wrong_bytes}, errors {dict(tally.errors)}")  # fmt: skip
     print(f"daemon: RSS {first['rss_mb']} -> {last['rss_mb']} MB (peak {last['peak_mb']}), "

@@ -107,7 +107,11 @@ class BrokenToMakeFileSystem(FaultyFileSystem):
 def faulty() -> Iterator[type[FaultyFileSystem]]:
     fsspec.register_implementation("faulty", FaultyFileSystem, clobber=True)
     fsspec.register_implementation("brokenmake", BrokenToMakeFileSystem, clobber=True)
-    FaultyFileSystem.files = {"store/data.bin": DATA, "other/data.bin": DATA[::-1]}
+    FaultyFileSystem.files = {
+        "store/data.bin": DATA,
+        "other/data.bin": DATA[::-1],
+        "third/data.bin": DATA[::2],
+    }
     FaultyFileSystem.schedule = []
     FaultyFileSystem.forever = None
     FaultyFileSystem.calls = 0
@@ -386,11 +390,13 @@ def test_options_go_only_to_their_protocol_and_host(faulty: type[FaultyFileSyste
             "faulty://store": {"token": "for store only"},
         }
     )
-    fetch(fetcher, "faulty://store/data.bin", 0, 10)
-    fetch(fetcher, "faulty://other/data.bin", 0, 10)
+    assert fetch(fetcher, "faulty://store/data.bin", 0, 10) == DATA[:10]
+    assert fetch(fetcher, "faulty://other/data.bin", 0, 10) == DATA[::-1][:10]
+    assert fetch(fetcher, "faulty://third/data.bin", 0, 10) == DATA[::2][:10]
     assert {"shared": 1, "token": "for store only"} in faulty.made_with
     assert {"shared": 1, "token": "for everyone"} in faulty.made_with
-    assert len(faulty.made_with) == 2  # one filesystem per host with options of its own
+    # One filesystem per host with options of its own; the other hosts share one.
+    assert len(faulty.made_with) == 2
 
 
 def test_flat_options_go_to_the_one_remote_host_only(faulty: type[FaultyFileSystem]) -> None:

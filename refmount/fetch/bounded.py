@@ -19,6 +19,9 @@ from typing import Any
 from refmount.fetch.backend import MAX_FILE_SIZE, WrongAnswer
 
 PIECE = 1 << 20  # bytes asked of a body stream at a time
+# A HEAD refused with these (presigned GET URLs, servers without HEAD) is asked again as a
+# one-byte GET; any other error status is the answer.
+_HEAD_REFUSED = frozenset({403, 405, 501})
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 
 
@@ -59,6 +62,15 @@ async def read_stream(read: Any, limit: int) -> bytes:
     return b"".join(pieces)
 
 
+def too_long_checked(data: bytes, carried: int) -> bytes:
+    """The body of a 206, read to one byte past what its Content-Range says: that byte
+    is there only when the body is longer than its header (even where the range ends
+    at the end of the file, so the fetcher would take a short answer)."""
+    if len(data) > carried:
+        raise WrongAnswer(f"a body longer than its Content-Range ({carried} bytes)")
+    return data
+
+
 # -- HTTP ------------------------------------------------------------------------------------
 
 
@@ -92,8 +104,7 @@ async def http_range(fs: Any, url: str, start: int, end: int) -> bytes:
         _identity(resp, url)
         if resp.status == 206:
             carried = check_content_range(resp.headers.get("Content-Range"), start, end)
-            # One byte more than the range says, to see a body longer than its header.
-            return await read_stream(resp.content.read, carried + 1)
+            return too_long_checked(await read_stream(resp.content.read, carried + 1), carried)
         if resp.status == 200:
             if start != 0:
                 raise WrongAnswer(
@@ -112,7 +123,7 @@ async def http_size(fs: Any, url: str) -> int:
     options = _request_options(fs, {"Accept-Encoding": "identity"})
     options.setdefault("allow_redirects", True)  # aiohttp's HEAD follows none by default
     async with session.head(fs.encode_url(url), **options) as resp:
-        if resp.status == 404:
+        if resp.status >= 400 and resp.status not in _HEAD_REFUSED:
             raise HTTPStatusError(resp.status, url)
         if resp.status < 300 and resp.headers.get("Content-Encoding", "identity") == "identity":
             length = resp.headers.get("Content-Length")
@@ -160,6 +171,6 @@ async def s3_range(fs: Any, path: str, start: int, end: int) -> bytes:
                                   f"{start}-{end - 1}")  # fmt: skip
             return await read_stream(body.read, end - start)
         carried = check_content_range(content_range, start, end)
-        return await read_stream(body.read, carried + 1)
+        return too_long_checked(await read_stream(body.read, carried + 1), carried)
     finally:
         body.close()

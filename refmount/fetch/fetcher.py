@@ -208,8 +208,6 @@ class Fetcher:
         a second to seconds, which the first read would otherwise wait for.  Failures
         are left for that read to report."""
         wanted = set(protocols) - LOCAL_PROTOCOLS
-        # A scope without a host shares its filesystem (fsspec keeps one per options) with
-        # every host that has no options of its own.
         scopes = [f"{p}://" for p in sorted(wanted)]
         scopes += [k for k in self.remote_options if "://" in k and protocol_of(k) in wanted]
         for scope in scopes:
@@ -222,11 +220,15 @@ class Fetcher:
     # -- machinery ------------------------------------------------------------------------
 
     def _backend(self, url: str) -> Backend:
-        """The backend of a URL's scope (protocol and host), made on first use."""
+        """The backend of a URL, made on first use: one per host given options of its
+        own, one shared by the other hosts of a protocol (a set may name thousands of
+        buckets; each need not have a client of its own)."""
         protocol = protocol_of(url)
         if protocol in LOCAL_PROTOCOLS:
             return self._local
         scope = scope_of(url)
+        if scope not in self.remote_options:
+            scope = f"{protocol}://"
         backend = self._backends.get(scope)
         if backend is None:
             backend = self._backends[scope] = self._new_backend(

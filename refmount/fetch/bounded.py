@@ -42,9 +42,7 @@ def check_content_range(header: str | None, start: int, end: int) -> int:
     first, last, total = int(match[1]), int(match[2]), match[3]
     at_file_end = total != "*" and last + 1 == int(total)
     if first != start or last < first or last + 1 > end or (last + 1 < end and not at_file_end):
-        raise WrongAnswer(
-            f"asked for bytes {start}-{end - 1}, the store answered with bytes {header}"
-        )
+        raise WrongAnswer(f"asked for bytes {start}-{end - 1}, the store answered with {header!r}")
     return last + 1 - first
 
 

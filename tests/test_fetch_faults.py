@@ -353,11 +353,13 @@ def test_a_deleted_local_file_is_eio(tmp_path: Path) -> None:
     path.write_bytes(DATA)
     fetcher = quick()
     assert fetch(fetcher, str(path)) == DATA[100:300]
+    assert fetcher.try_now(str(path), 0, 10) == DATA[:10]  # a descriptor is kept
     os.unlink(path)
-    fetcher.close()  # drop the descriptor kept for the fast path
+    assert fetcher.try_now(str(path), 0, 10) is None  # not the deleted file's old bytes
     assert failure(fetcher, str(path)).errno == errno.EIO
     assert size_failure(fetcher, str(path)).errno == errno.EIO
     assert size_failure(fetcher, str(tmp_path)).errno == errno.EIO  # a directory
+    fetcher.close()
 
 
 # -- Content-Range -----------------------------------------------------------------------------

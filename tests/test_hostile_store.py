@@ -12,6 +12,7 @@ The last tests check that options given for one host (a bearer token) reach no o
 
 from __future__ import annotations
 
+import errno
 import json
 import random
 import re
@@ -21,7 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import trio
 
+from refmount.errors import FetchError
+from refmount.fetch import Fetcher, FetchPolicy
 from tests.conftest import Mounted, is_mounted, refmount_cli
 from tests.support.servers import RangeServer
 
@@ -287,3 +291,28 @@ def test_flat_options_go_to_the_one_host_of_the_set(
     assert read(m.mountpoint / "k").stdout == data[10:2010]
     headers = http.stats()["headers"]
     assert headers and all(h.get("authorization") == "Bearer the-one-host" for h in headers)
+
+
+# -- in process, against the real server -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["long", "endless", "short", "wrong-range"])
+def test_an_answer_past_the_end_of_the_file_is_no_short_file(
+    mode: str, target: Callable[[str, int], Target], http: RangeServer
+) -> None:
+    """A read that may end with the file (a block past the file's end) still refuses a
+    body longer than its Content-Range: the extra bytes would pass for the file's end."""
+    small = target("small", 50_000)
+    fetcher = Fetcher(policy=FetchPolicy(timeout=5, retries=0))
+
+    async def main() -> None:
+        assert (
+            await fetcher.fetch(small.url, 40_000, 100_000, allow_short=True) == small.data[40_000:]
+        )
+        http.fault(small.path, mode, count=-1)
+        with pytest.raises(FetchError) as info:
+            await fetcher.fetch(small.url, 40_000, 100_000, allow_short=True)
+        assert info.value.errno == errno.EIO
+
+    trio.run(main)
+    fetcher.close()

@@ -47,6 +47,9 @@ class LocalBackend:
         self._fds.move_to_end(url)
         buffer = bytearray(end - start)
         try:
+            if os.fstat(fd).st_nlink == 0:  # deleted or replaced since: the path decides
+                os.close(self._fds.pop(url))
+                return None
             got = os.preadv(fd, [buffer], start, os.RWF_NOWAIT)
         except OSError:  # EAGAIN: not all in memory; EOPNOTSUPP: a filesystem without it
             return None

@@ -103,10 +103,21 @@ class BrokenToMakeFileSystem(FaultyFileSystem):
         raise RuntimeError("this filesystem cannot be made")
 
 
+class HangingToMakeFileSystem(FaultyFileSystem):
+    """A filesystem whose constructor waits on a host that never answers."""
+
+    protocol = "hangingmake"
+
+    def __init__(self, **options: Any) -> None:
+        time.sleep(10)
+        super().__init__(**options)
+
+
 @pytest.fixture(autouse=True)
 def faulty() -> Iterator[type[FaultyFileSystem]]:
     fsspec.register_implementation("faulty", FaultyFileSystem, clobber=True)
     fsspec.register_implementation("brokenmake", BrokenToMakeFileSystem, clobber=True)
+    fsspec.register_implementation("hangingmake", HangingToMakeFileSystem, clobber=True)
     FaultyFileSystem.files = {
         "store/data.bin": DATA,
         "other/data.bin": DATA[::-1],
@@ -320,6 +331,21 @@ def test_a_filesystem_that_cannot_be_made_is_eio_for_that_read(url: str) -> None
     trio.run(fetcher.prepare, [url.partition("://")[0]])  # never raises
     # The fetcher still serves other reads.
     assert fetch(fetcher) == DATA[100:300]
+
+
+def test_making_a_filesystem_is_under_the_reads_deadline() -> None:
+    fetcher = quick(timeout=0.5, retries=0)
+    began = time.monotonic()
+    error = failure(fetcher, "hangingmake://host/file")
+    assert time.monotonic() - began < 6  # not the constructor's 10 s
+    assert "no answer within 0.5 s" in str(error)
+
+
+def test_options_no_filesystem_can_take_are_eio_for_that_read() -> None:
+    fetcher = Fetcher(remote_options={"s3": {"config_kwargs": 7}})
+    error = failure(fetcher, "s3://bucket/key")
+    assert error.errno == errno.EIO
+    assert "TypeError" in str(error)
 
 
 @pytest.mark.parametrize(

@@ -265,7 +265,11 @@ class Fetcher:
         as well as the request: readers queued behind a stalled host get their answer
         within ``(retries + 1) * timeout`` plus the backoffs, like the reader in front.
         """
-        backend = self._backend(url)
+        try:
+            backend = self._backend(url)
+        except Exception as exc:  # options no filesystem could take, an unusable URL
+            self._fail(url, f"{type(exc).__name__}: {exc}")
+            raise FetchError(f"{redact(url)}: {type(exc).__name__}: {exc}") from exc
         host_limiter = self._host_limiter(url)
         policy = self.policy
         for n in range(policy.retries + 1):

@@ -80,7 +80,9 @@ class FsspecBackend:
                 continue
             self._making = trio.Event()
             try:
-                self._fs = await trio.to_thread.run_sync(self._make)
+                # Abandoned on cancel: a constructor that connects (ftp, sftp) to a host
+                # that does not answer must not hold the read past its deadline.
+                self._fs = await trio.to_thread.run_sync(self._make, abandon_on_cancel=True)
             finally:
                 self._making.set()
                 self._making = None

@@ -4,8 +4,10 @@
 
 Serves generated files from tests/support/rangeserver.py on 127.0.0.1, mounts a JSON
 reference set of ranges into them (and a few whole-file keys) with refmount in the
-foreground, and runs reader threads that read random keys (whole, or a random slice) and
-compare every byte with the file on disk.  Every ``--every`` seconds a fault rule is
+foreground, and runs reader threads that read random keys (whole, or a random slice) the
+way ``cat`` does (a short read is followed by another, until the end or an error) and
+compare every byte with the file on disk; a read that fails part way must have read right
+bytes before its error.  Every ``--every`` seconds a fault rule is
 added for a random file: error statuses, resets, stalls, short/long/truncated bodies,
 ignored ranges, a 10 GiB body, an endless body, a gzip bomb, a wrong Content-Range.
 
@@ -58,16 +60,14 @@ class Tally:
     errors: Counter[str] = field(default_factory=Counter)
     wrong: list[str] = field(default_factory=list)  # the first few wrong reads, described
 
-    def add(
-        self, got: bytes | None, expected: bytes, err: int | None = None, where: str = ""
-    ) -> None:
+    def add(self, got: bytes, expected: bytes, err: int | None, where: str) -> None:
+        """One read: ``got`` must equal ``expected`` (when the read ended with ``err``,
+        ``expected`` is the right bytes up to where it failed)."""
         with self.lock:
             self.reads += 1
+            self.bytes += len(got)
             if err is not None:
                 self.errors[errno.errorcode.get(err, str(err))] += 1
-                return
-            assert got is not None
-            self.bytes += len(got)
             if got != expected:
                 self.wrong_reads += 1
                 differing = [
@@ -108,6 +108,35 @@ def build(work: Path) -> tuple[dict[str, object], dict[str, bytes]]:
     return refs, expected
 
 
+def read_range(path: Path, start: int, size: int) -> tuple[bytes, int | None]:
+    """Bytes ``[start, start + size)`` of a file read as ``cat`` does, and the errno that
+    ended the read early, if one did.  A read that fails part way through returns the
+    bytes before the failure first (POSIX), so a short ``pread`` is followed by another:
+    the bytes got before an error must still be the right ones."""
+    pieces: list[bytes] = []
+    err = None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        return b"", exc.errno
+    try:
+        offset, left = start, size
+        while left > 0:
+            piece = os.pread(fd, left, offset)
+            if not piece:
+                break
+            pieces.append(piece)
+            offset += len(piece)
+            left -= len(piece)
+    except OSError as exc:
+        err = exc.errno
+    finally:
+        # Drop the kernel's copy, so that the next read of this key asks refmount.
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    return b"".join(pieces), err
+
+
 def reader(mountpoint: Path, expected: dict[str, bytes], tally: Tally, stop: float) -> None:
     keys = sorted(expected)
     rng = random.Random()
@@ -116,18 +145,11 @@ def reader(mountpoint: Path, expected: dict[str, bytes], tally: Tally, stop: flo
         want = expected[key]
         start = 0 if rng.random() < 0.5 else rng.randrange(len(want))
         size = len(want) - start if rng.random() < 0.5 else rng.randrange(1, 200_000)
-        try:
-            fd = os.open(mountpoint / key, os.O_RDONLY)
-            try:
-                got = os.pread(fd, size, start)
-                # Drop the kernel's copy, so that the next read of this key asks refmount.
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            tally.add(None, b"", exc.errno)
-            continue
-        tally.add(got, want[start : start + size], where=f"{key} at {start}, {size} asked")
+        got, err = read_range(mountpoint / key, start, size)
+        right = want[start : start + size]
+        if err is not None:
+            right = right[: len(got)]  # the bytes before an error must be right
+        tally.add(got, right, err, f"{key} at {start}, {size} asked, errno {err}")
 
 
 def inject(server: RangeServer, stop: float, every: float, injected: Counter[str]) -> None:

@@ -227,9 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=parse_json_object,
         default={},
         metavar="JSON",
-        help="fsspec storage options for target filesystems: flat (for "
-        "--remote-protocol, or every remote protocol) or keyed by protocol "
-        '({"s3": {...}, "https": {...}}); or @file.json',
+        help="fsspec storage options for target filesystems, keyed by protocol or "
+        'host ({"s3": {...}, "https://data.example.org": {...}}), or flat: then for '
+        "--remote-protocol, or the one remote host of the set; or @file.json",
     )
     g.add_argument(
         "--allow-local",
@@ -428,15 +428,35 @@ def refs_location(given: str | None) -> str:
 
 
 def per_protocol(options: dict[str, Any], remote_protocol: str | None) -> dict[str, dict]:
-    """Remote options keyed by protocol; ``"*"`` means every remote protocol."""
+    """Remote options by scope: which hosts receive which options.
+
+    * Keyed options, where every key is a protocol fsspec knows (``"s3"``) or a protocol
+      and host (``"https://data.example.org"``, ``"http://host:8080"``, ``"s3://bucket"``)
+      and every value an object, are kept as given: a protocol's entry applies to every
+      host of that protocol, a host's entry only to that host (over the protocol's,
+      key by key).
+    * Flat options with ``--remote-protocol P`` apply to protocol P (as ``{P: options}``).
+    * Flat options without it are kept under ``"*"``: at start the daemon binds them to
+      the one remote host the reference set points at, and refuses to start when the set
+      names more than one (or cannot tell before it is read), so that a token meant for
+      one host is never sent to another.
+    """
     if not options:
         return {}
     import fsspec
 
+    from refmount.fetch.fetcher import FLAT
+
     protocols = set(fsspec.available_protocols())
-    if all(k in protocols and isinstance(v, dict) for k, v in options.items()):
+
+    def is_scope(key: str) -> bool:
+        protocol, separator, host = key.partition("://")
+        host = host.rstrip("/")
+        return protocol in protocols and (not separator or (bool(host) and "/" not in host))
+
+    if all(is_scope(k) and isinstance(v, dict) for k, v in options.items()):
         return {k: dict(v) for k, v in options.items()}
-    return {remote_protocol or "*": options}
+    return {remote_protocol or FLAT: options}
 
 
 def _version_text() -> str:

@@ -82,6 +82,7 @@ class Daemon:
                 max_requests_per_host=config.max_requests_per_host,
             ),
         )
+        fetcher.confine_flat_options(refset.target_urls())
         cache = BlockCache(fetcher, budget=config.cache_size, extent=refset.url_extent)
         owner = Owner(config.uid, config.gid, config.umask)
         tree = Tree(refset, owner, fetcher.size, fetcher.known_size)

@@ -241,17 +241,19 @@ def test_permanent_http_errors_map_to_errno_without_retry(
     assert m.process.poll() is None
 
 
-def test_missing_whole_file_key_is_eio(
+def test_missing_whole_file_key_is_eio_never_enoent(
     mount: Callable[..., Mounted], http: RangeServer, tmp_path: Path
 ) -> None:
+    """ENOENT would mean "no such key": zarr would read fill values instead of failing."""
     missing = f"{http.url}/no-such-file-{tmp_path.name}.bin"
     m = mount(write_refs(tmp_path, {"k": [missing]}), *FAST)
 
     result = run(["stat", str(m.mountpoint / "k")])
 
     assert result.returncode != 0
-    assert "Input/output error" in result.stderr.decode()
+    assert "Input/output error" in result.stderr.decode(), result.stderr
     assert m.process.poll() is None
+    assert "HTTP 404: not found" in m.log()
 
 
 def test_a_failing_whole_file_key_does_not_hide_its_directory(

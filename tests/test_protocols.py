@@ -198,10 +198,11 @@ def test_s3_targets(
     )
 
 
-def test_s3_flat_options_apply_to_every_remote_protocol(
+def test_s3_flat_options_apply_to_the_one_remote_host(
     mount: Callable[..., Mounted], s3_server: MotoServer, bucket: str, tmp_path: Path
 ) -> None:
-    """``--help``: flat remote options are "for --remote-protocol, or every remote protocol"."""
+    """``--help``: flat remote options are "for --remote-protocol, or the one remote host
+    of the set"."""
     data = payload(5_000, 5)
     s3_server.put(bucket, "data.bin", data)
     refs = {"k": [f"s3://{bucket}/data.bin", 1, 4_000]}

@@ -10,9 +10,22 @@ from __future__ import annotations
 
 from typing import Protocol
 
+#: The largest size a file can report (``st_size`` is a signed 64-bit number).
+MAX_FILE_SIZE = (1 << 63) - 1
+
+
+class WrongAnswer(Exception):
+    """The store answered, but not with what was asked: a 200 (the whole object) to a
+    ranged request that does not start at byte 0, a ``Content-Range`` other than the
+    asked range, a compressed body, a body longer or shorter than asked.  Such an
+    answer is never data; the fetcher retries it like a transient failure."""
+
 
 class Backend(Protocol):
-    """One transport (local files, fsspec, obstore) for the URLs of some protocols."""
+    """One transport (local files, fsspec, obstore) for the URLs of some protocols.
+
+    The fetcher makes one backend per *scope*, a protocol and host (``https://host:port``,
+    ``s3://bucket``), so that options given for one host never reach another."""
 
     async def read(self, url: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of ``url``: fewer only where the file ends before ``end``.
@@ -20,7 +33,7 @@ class Backend(Protocol):
         Must never hold more than ``end - start + 1`` bytes of an answer: a store that
         sends more is stopped there (the fetcher sees one byte too many and fails the
         attempt), so a hostile or broken store cannot make a read cost more memory than
-        it asked for."""
+        it asked for.  An answer that is not the asked range raises :class:`WrongAnswer`."""
         ...
 
     async def size(self, url: str) -> int:

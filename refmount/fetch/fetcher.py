@@ -22,7 +22,7 @@ import fsspec
 import trio
 
 from refmount.errors import FetchError
-from refmount.fetch.backend import Backend
+from refmount.fetch.backend import MAX_FILE_SIZE, Backend, WrongAnswer
 from refmount.fetch.fsspec_backend import FsspecBackend
 from refmount.fetch.local import LOCAL_PROTOCOLS, LocalBackend
 
@@ -63,10 +63,6 @@ class FetchStats:
         }
 
 
-class _Retry(Exception):
-    """An attempt failed in a way that may succeed if tried again."""
-
-
 def redact(url: str) -> str:
     """The URL without user information or query string, for logs and xattrs."""
     parts = urlsplit(url)
@@ -84,11 +80,20 @@ def protocol_of(url: str) -> str:
     return protocol or "file"
 
 
+FLAT = "*"  # remote options given flat, for the one remote host of the set (see confine)
+
+
 @dataclass
 class Fetcher:
     """Fetches byte ranges and sizes of remote files named by full URLs.
 
-    ``remote_options`` maps a protocol to the fsspec storage options of its filesystem.
+    ``remote_options`` holds fsspec storage options by *scope*: a protocol (``"s3"``,
+    applies to every host of it) or a protocol and host (``"https://data.example.org"``,
+    ``"s3://bucket"``; applies only there, and wins over the protocol's entry key by key).
+    Options given flat (``FLAT``) apply to no host until :meth:`confine_flat_options`
+    has bound them to the one remote host of the reference set.  A host never receives
+    options given for another, so a bearer token for one server is never sent to the
+    other servers a reference set names.
     """
 
     remote_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -102,8 +107,43 @@ class Fetcher:
         self._all = trio.CapacityLimiter(self.policy.max_requests)
         self._sizes: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
+        self.remote_options = {
+            key if key == FLAT or "://" not in key else scope_of(key): dict(value)
+            for key, value in self.remote_options.items()
+        }
 
     # -- public ---------------------------------------------------------------------------
+
+    def confine_flat_options(self, urls: Iterable[str] | None) -> None:
+        """Bind flat remote options to the one remote host among ``urls`` (the URLs the
+        reference set points at; ``None`` when the set cannot tell them up front).
+
+        Raises ValueError, naming the hosts, when there is not exactly one: flat options
+        (a bearer token, a password) must never be sent to a host they were not meant
+        for, so they need a key saying where they go.
+        """
+        flat = self.remote_options.get(FLAT)
+        if flat is None:
+            return
+        if urls is None:
+            raise ValueError(
+                "--remote-options are flat, but this reference set does not list the hosts "
+                "it points at before it is read: key them by protocol or host, e.g. "
+                '{"https://data.example.org": {...}} or {"s3": {...}}, or give '
+                "--remote-protocol"
+            )
+        scopes = sorted({scope_of(u) for u in urls if protocol_of(u) not in LOCAL_PROTOCOLS})
+        if len(scopes) > 1:
+            shown = ", ".join(scopes[:5]) + (", ..." if len(scopes) > 5 else "")
+            raise ValueError(
+                f"--remote-options are flat, but the reference set points at {len(scopes)} "
+                f"remote hosts ({shown}): key the options by protocol or host, e.g. "
+                f'{{"{scopes[0]}": {{...}}}}, so that each host gets only its own'
+            )
+        options = {k: v for k, v in self.remote_options.items() if k != FLAT}
+        if scopes:
+            options[scopes[0]] = {**flat, **options.get(scopes[0], {})}
+        self.remote_options = options
 
     async def fetch(self, url: str, start: int, end: int, *, allow_short: bool = False) -> bytes:
         """Bytes ``[start, end)`` of ``url``.
@@ -118,7 +158,7 @@ class Fetcher:
         async def attempt(backend: Backend) -> bytes:
             data = await backend.read(url, start, end)
             if len(data) > want or (len(data) < want and not allow_short):
-                raise _Retry(f"asked for {want} bytes at offset {start}, got {len(data)}")
+                raise WrongAnswer(f"asked for {want} bytes at offset {start}, got {len(data)}")
             return data
 
         data = await self._with_retries(url, attempt)
@@ -151,38 +191,60 @@ class Fetcher:
         known = self._sizes.get(url)
         if known is not None:
             return known
-        size = await self._with_retries(url, lambda backend: backend.size(url))
+
+        async def attempt(backend: Backend) -> int:
+            size = await backend.size(url)
+            if not isinstance(size, int) or not 0 <= size <= MAX_FILE_SIZE:
+                raise FetchError(f"{redact(url)}: the store reports a size of {size!r} bytes")
+            return size
+
+        size = await self._with_retries(url, attempt)
         self._sizes[url] = size
         return size
 
     async def prepare(self, protocols: Iterable[str]) -> None:
-        """Make the backends of these protocols, and their sessions, ahead of the first
+        """Make the backends of these protocols (each host given options of its own, and
+        one for the protocol's other hosts), and their sessions, ahead of the first
         read: importing aiohttp or s3fs and opening a session takes from a few tenths of
         a second to seconds, which the first read would otherwise wait for.  Failures
         are left for that read to report."""
-        for protocol in protocols:
+        wanted = set(protocols) - LOCAL_PROTOCOLS
+        scopes = [f"{p}://" for p in sorted(wanted)]
+        scopes += [k for k in self.remote_options if "://" in k and protocol_of(k) in wanted]
+        for scope in scopes:
             try:
                 with trio.fail_after(self.policy.timeout):
-                    await self._backend(protocol).prepare()
+                    await self._backend(scope).prepare()
             except Exception as exc:  # the first read reports it
-                log.debug("could not prepare %s ahead of reads: %s", protocol, exc)
+                log.debug("could not prepare %s ahead of reads: %s", scope, exc)
 
     # -- machinery ------------------------------------------------------------------------
 
-    def _backend(self, protocol: str) -> Backend:
+    def _backend(self, url: str) -> Backend:
+        """The backend of a URL, made on first use: one per host given options of its
+        own, one shared by the other hosts of a protocol (a set may name thousands of
+        buckets; each need not have a client of its own)."""
+        protocol = protocol_of(url)
         if protocol in LOCAL_PROTOCOLS:
             return self._local
-        backend = self._backends.get(protocol)
+        scope = scope_of(url)
+        if scope not in self.remote_options:
+            scope = f"{protocol}://"
+        backend = self._backends.get(scope)
         if backend is None:
-            backend = self._backends[protocol] = FsspecBackend(
-                protocol, self._options_for(protocol)
+            backend = self._backends[scope] = self._new_backend(
+                protocol, self._options_for(protocol, scope)
             )
         return backend
 
-    def _options_for(self, protocol: str) -> dict[str, Any]:
-        """The fsspec storage options of a protocol: those given for it by name, else
-        those given for every remote protocol (``"*"``)."""
-        options = dict(self.remote_options.get(protocol, self.remote_options.get("*", {})))
+    def _new_backend(self, protocol: str, options: dict[str, Any]) -> Backend:
+        """A backend for one scope of a remote protocol."""
+        return FsspecBackend(protocol, options)
+
+    def _options_for(self, protocol: str, scope: str) -> dict[str, Any]:
+        """The fsspec storage options of one scope: those given for its protocol, then
+        those given for its host on top (key by key)."""
+        options = {**self.remote_options.get(protocol, {}), **self.remote_options.get(scope, {})}
         if protocol == "s3":
             # botocore keeps 10 connections unless told otherwise; match our concurrency.
             config = dict(options.get("config_kwargs", {}))
@@ -190,31 +252,46 @@ class Fetcher:
             options["config_kwargs"] = config
         return options
 
-    def _host_limiter(self, url: str, protocol: str) -> trio.CapacityLimiter:
-        host = f"{protocol}://{urlsplit(url).netloc}"
-        limiter = self._hosts.get(host)
+    def _host_limiter(self, url: str) -> trio.CapacityLimiter:
+        scope = scope_of(url)
+        limiter = self._hosts.get(scope)
         if limiter is None:
-            limiter = self._hosts[host] = trio.CapacityLimiter(self.policy.max_requests_per_host)
+            limiter = self._hosts[scope] = trio.CapacityLimiter(self.policy.max_requests_per_host)
         return limiter
 
     async def _with_retries(self, url: str, attempt: Callable[[Backend], Awaitable[T]]) -> T:
-        protocol = protocol_of(url)
-        backend = self._backend(protocol)
-        host_limiter = self._host_limiter(url, protocol)
+        """Run ``attempt`` until it succeeds, fails for good, or has had its tries.
+
+        Each try has one deadline, ``timeout``, which covers the wait for a request slot
+        as well as the request: readers queued behind a stalled host get their answer
+        within ``(retries + 1) * timeout`` plus the backoffs, like the reader in front.
+        """
+        try:
+            backend = self._backend(url)
+        except Exception as exc:  # options no filesystem could take, an unusable URL
+            self._fail(url, f"{type(exc).__name__}: {exc}")
+            raise FetchError(f"{redact(url)}: {type(exc).__name__}: {exc}") from exc
+        host_limiter = self._host_limiter(url)
         policy = self.policy
         for n in range(policy.retries + 1):
             if n:
                 self.stats.retries += 1
                 delay = policy.backoff * 2 ** (n - 1)
                 await trio.sleep(delay * random.uniform(0.5, 1.5))
+            sent = False
             try:
-                async with self._all, host_limiter:
-                    self.stats.requests += 1
-                    with trio.fail_after(policy.timeout):
+                with trio.fail_after(policy.timeout):
+                    # The host's slot first: a reader queued for a stalled host must not
+                    # hold one of the slots every host shares.
+                    async with host_limiter, self._all:
+                        sent = True
+                        self.stats.requests += 1
                         return await attempt(backend)
             except trio.TooSlowError:
                 reason = f"no answer within {policy.timeout:g} s"
-            except _Retry as exc:
+                if not sent:
+                    reason += " (every request slot for this host stayed busy)"
+            except WrongAnswer as exc:
                 reason = str(exc)
             except FetchError as exc:
                 self._fail(url, str(exc))
@@ -239,10 +316,23 @@ class Fetcher:
             log.warning("remote read failed: %s: %s", redact(url), reason)
 
 
+def scope_of(url: str) -> str:
+    """``protocol://host`` of a URL (host with its port, without user information; the
+    bucket for object stores): what options and request limits are kept per."""
+    protocol, rest = fsspec.core.split_protocol(url)
+    host = rest.partition("/")[0].rpartition("@")[2].lower()
+    return f"{protocol or 'file'}://{host}"
+
+
 def classify(exc: BaseException) -> tuple[int, bool, str]:
-    """(errno for the reader, whether to retry, a short reason) for a failed attempt."""
+    """(errno for the reader, whether to retry, a short reason) for a failed attempt.
+
+    A missing target is EIO, never ENOENT: ENOENT means "no such key" to zarr, which then
+    reads the chunk as never written and returns fill values instead of an error.  Only a
+    refusal (401, 403, a permission or credential error) is EACCES.
+    """
     if isinstance(exc, FileNotFoundError):
-        return errno.ENOENT, False, "not found"
+        return errno.EIO, False, "not found"
     if isinstance(exc, PermissionError):
         return errno.EACCES, False, "access denied"
     if "credential" in type(exc).__name__.lower():
@@ -252,7 +342,7 @@ def classify(exc: BaseException) -> tuple[int, bool, str]:
         if status in (401, 403):
             return errno.EACCES, False, f"HTTP {status}"
         if status == 404:
-            return errno.ENOENT, False, "HTTP 404"
+            return errno.EIO, False, "HTTP 404: not found"
         if status == 416:
             return errno.EIO, False, "HTTP 416: range not satisfiable"
         return errno.EIO, status in _RETRYABLE_STATUS or status >= 500, f"HTTP {status}"

@@ -6,6 +6,11 @@ thread.  A request is submitted to that loop and its completion is handed back t
 through the trio token, so no thread is spent per request and a trio cancel scope (the
 fetcher's deadline) cancels the asyncio task.  Synchronous filesystems run in trio's
 worker threads.
+
+HTTP and S3 ranges are read by :mod:`refmount.fetch.bounded`, which holds no more of a
+body than was asked.  Other filesystems are read through fsspec's ``cat_file``: their
+libraries return whole bodies, so there the bound on memory is only the library's (most
+ask the store for the exact range; a store that ignores it costs what it sends).
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ import fsspec.asyn
 import trio
 
 from refmount.errors import FetchError
+from refmount.fetch import bounded
 
 
 class FsspecBackend:
-    """One protocol's fsspec filesystem, made once, in a worker thread: the imports
-    behind it must not stall the requests the serving loop answers meanwhile."""
+    """One scope's fsspec filesystem, made once, in a worker thread: the imports behind
+    it must not stall the requests the serving loop answers meanwhile."""
 
     def __init__(self, protocol: str, options: Mapping[str, Any]) -> None:
         self.protocol = protocol
@@ -34,22 +40,28 @@ class FsspecBackend:
 
     async def read(self, url: str, start: int, end: int) -> bytes:
         fs = await self._filesystem()
+        if _is_http(fs):
+            return await on_fsspec_loop(bounded.http_range(fs, url, start, end))
         path = fs._strip_protocol(url)
+        if _is_s3(fs):
+            return await on_fsspec_loop(bounded.s3_range(fs, path, start, end))
         if fs.async_impl:
             return await on_fsspec_loop(fs._cat_file(path, start=start, end=end))
         return await trio.to_thread.run_sync(fs.cat_file, path, start, end, abandon_on_cancel=True)
 
     async def size(self, url: str) -> int:
         fs = await self._filesystem()
+        if _is_http(fs):
+            return await on_fsspec_loop(bounded.http_size(fs, url))
         path = fs._strip_protocol(url)
         if fs.async_impl:
             info = await on_fsspec_loop(fs._info(path))
         else:
             info = await trio.to_thread.run_sync(fs.info, path, abandon_on_cancel=True)
         if info.get("type") == "directory":
-            raise FileNotFoundError(f"{path} is a directory")
+            raise FetchError(f"{path} is a directory, not a file")
         size = info.get("size")
-        if not isinstance(size, int) or size < 0:
+        if not isinstance(size, int):
             raise FetchError(f"the store gives no size for {path}")
         return size
 
@@ -68,17 +80,36 @@ class FsspecBackend:
                 continue
             self._making = trio.Event()
             try:
-                self._fs = await trio.to_thread.run_sync(self._make)
+                # Abandoned on cancel: a constructor that connects (ftp, sftp) to a host
+                # that does not answer must not hold the read past its deadline.
+                self._fs = await trio.to_thread.run_sync(self._make, abandon_on_cancel=True)
             finally:
                 self._making.set()
                 self._making = None
         return self._fs
 
     def _make(self) -> Any:
+        """The filesystem; any failure (an unknown protocol, options it cannot take, a
+        protocol such as ``reference`` or ``tar`` that cannot be made from options
+        alone) is a :class:`FetchError` for the read that needed it."""
         try:
             return fsspec.filesystem(self.protocol, **self.options)
-        except (ImportError, ValueError) as exc:
-            raise FetchError(f"no filesystem for protocol {self.protocol!r}: {exc}") from exc
+        except Exception as exc:
+            raise FetchError(
+                f"no filesystem for protocol {self.protocol!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def _is_http(fs: Any) -> bool:
+    """fsspec's HTTPFileSystem or a subclass (without importing aiohttp to ask)."""
+    return any(
+        cls.__name__ == "HTTPFileSystem" and cls.__module__ == "fsspec.implementations.http"
+        for cls in type(fs).__mro__
+    )
+
+
+def _is_s3(fs: Any) -> bool:
+    return fs.async_impl and callable(getattr(fs, "_call_s3", None))
 
 
 async def on_fsspec_loop(coro: Any) -> Any:

@@ -16,6 +16,8 @@ from collections import OrderedDict
 import trio
 from fsspec.implementations.local import LocalFileSystem
 
+from refmount.errors import FetchError
+
 LOCAL_PROTOCOLS = frozenset({"file", "local"})
 NOWAIT_MAX = 1 << 20  # the largest local read tried on the serving thread
 OPEN_LOCAL_FILES = 256  # descriptors kept open for the fast path
@@ -45,6 +47,9 @@ class LocalBackend:
         self._fds.move_to_end(url)
         buffer = bytearray(end - start)
         try:
+            if os.fstat(fd).st_nlink == 0:  # deleted or replaced since: the path decides
+                os.close(self._fds.pop(url))
+                return None
             got = os.preadv(fd, [buffer], start, os.RWF_NOWAIT)
         except OSError:  # EAGAIN: not all in memory; EOPNOTSUPP: a filesystem without it
             return None
@@ -60,7 +65,7 @@ class LocalBackend:
     async def size(self, url: str) -> int:
         st = await trio.to_thread.run_sync(os.stat, local_path(url), abandon_on_cancel=True)
         if not stat.S_ISREG(st.st_mode):
-            raise FileNotFoundError(f"{local_path(url)} is not a regular file")
+            raise FetchError(f"{local_path(url)} is not a regular file")
         return st.st_size
 
     async def prepare(self) -> None:

@@ -10,7 +10,7 @@ holding a per-key dictionary in memory.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -114,6 +114,11 @@ class RefSet(ABC):
         """The protocols of the URLs the set points at, as far as it knows them without
         loading anything more: the daemon makes their filesystems before the first read."""
         return set()
+
+    def target_urls(self) -> Sequence[str] | None:
+        """Every URL the set points at, when known without loading anything more; None
+        when not (a Parquet set reads its records on demand)."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, most sets hold nothing to release
         """Release what the set holds open."""

@@ -147,6 +147,9 @@ class TableRefSet(RefSet):
     def protocols(self) -> set[str]:
         return {split_protocol(url)[0] or "file" for url in self.urls}
 
+    def target_urls(self) -> list[str]:
+        return self.urls
+
 
 def _index(table: pa.Table, name: str) -> tuple[pa.Table, list[str]]:
     """The rows sorted by key, where a key repeats only its last row, without the keys

@@ -17,16 +17,27 @@ Control endpoints (never counted as data requests, never delayed, never faulted)
   appends a rule.  ``count`` is how many matching requests it affects (default 1, -1 means
   forever); the optional ``method`` ("GET" or "HEAD") narrows the rule to one method.
 * ``GET /_faults`` lists the rules left; ``DELETE /_faults`` clears them all.
-* ``GET /_stats`` returns ``{"requests", "ranges", "faults_left", "max_inflight"}``;
-  ``ranges`` lists ``[path, start, end_exclusive]`` of each body the server started to send,
-  as its headers describe it (a truncated body is listed whole, a short one as sent).
-  ``requests`` counts GET and HEAD of data paths, faulted or not, 404 included.
+* ``GET /_stats`` returns ``{"requests", "ranges", "faults_left", "max_inflight",
+  "headers"}``; ``ranges`` lists ``[path, start, end_exclusive]`` of each body the server
+  started to send, as its headers describe it (a truncated body is listed whole, a short
+  one as sent).  ``requests`` counts GET and HEAD of data paths, faulted or not, 404
+  included; ``headers`` holds the request headers of the last data requests (lower-case
+  names), oldest first.
 * ``DELETE /_stats`` resets the counters.
 
 Fault modes: ``503``, ``500``, ``429``, ``403``, ``404`` (that status), ``stall`` (never
 answer), ``truncate`` (full-length headers, half the body, then close), ``short`` (a
 self-consistent 206 one byte shorter than asked), ``ignore-range`` (200 with the whole
 file) and ``reset`` (abort the TCP connection with RST, no response at all).
+
+Hostile modes, for stores that lie in ways that cost memory: ``huge`` (ignore Range: a 200
+whose body is the file followed by generated zeros, 10 GiB in all), ``endless`` (a 206 with
+the asked Content-Range and bytes, then zeros without end, chunked), ``gzip-bomb`` (a 206
+with the asked Content-Range but ``Content-Encoding: gzip`` of 1 GiB of zeros), ``exact-200``
+(a 200 carrying exactly the asked bytes, as if it were the range), ``wrong-range`` (a 206
+for the range one byte further on, saying so in Content-Range), ``long`` (a 206 with the
+asked Content-Range but one byte more body) and ``huge-size`` (a HEAD answering a
+Content-Length of 2**63).
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ import signal
 import socket
 import struct
 import sys
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +63,13 @@ INLINE_READ = 256 << 10  # reads up to this size skip the thread pool
 STALL_SECONDS = 3600.0
 STATUS_MODES = frozenset({"503", "500", "429", "403", "404"})
 BODY_MODES = frozenset({"stall", "truncate", "short", "ignore-range", "reset"})
-MODES = STATUS_MODES | BODY_MODES
+HOSTILE_MODES = frozenset(
+    {"huge", "endless", "gzip-bomb", "exact-200", "wrong-range", "long", "huge-size"}
+)
+MODES = STATUS_MODES | BODY_MODES | HOSTILE_MODES
+HUGE_BODY = 10 << 30  # bytes a "huge" answer claims and would send
+BOMB_ZEROS = 1 << 30  # bytes a "gzip-bomb" body inflates to
+KEPT_HEADERS = 1000  # request headers remembered for /_stats
 
 _RANGE_RE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
 
@@ -78,6 +96,7 @@ class ServerState:
     ranges: list[tuple[str, int, int]] = field(default_factory=list)
     inflight: int = 0
     max_inflight: int = 0
+    headers: list[dict[str, str]] = field(default_factory=list)
 
     def take_fault(self, path: str, method: str) -> str | None:
         """The mode of the first matching rule, consuming one use of it."""
@@ -93,6 +112,7 @@ class ServerState:
     def reset_stats(self) -> None:
         self.requests = 0
         self.ranges.clear()
+        self.headers.clear()
         self.max_inflight = self.inflight
 
 
@@ -181,6 +201,8 @@ def reset_connection(request: web.Request) -> None:
 async def handle_data(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     state.requests += 1
+    state.headers.append({k.lower(): v for k, v in request.headers.items()})
+    del state.headers[:-KEPT_HEADERS]
     state.inflight += 1
     state.max_inflight = max(state.max_inflight, state.inflight)
     try:
@@ -207,7 +229,9 @@ async def answer(request: web.Request, state: ServerState) -> web.StreamResponse
         return web.Response(status=404, text="not found\n")
     size = file.stat().st_size
     if request.method == "HEAD":
-        return await head_response(request, size)
+        return await head_response(request, 1 << 63 if mode == "huge-size" else size)
+    if mode in HOSTILE_MODES:
+        return await send_hostile(request, state, file, size, mode)
     return await send_body(request, state, file, size, mode)
 
 
@@ -215,7 +239,7 @@ async def head_response(request: web.Request, size: int) -> web.StreamResponse:
     resp = web.StreamResponse(status=200)
     resp.content_type = "application/octet-stream"
     resp.headers["Accept-Ranges"] = "bytes"
-    resp.content_length = size
+    resp.headers["Content-Length"] = str(size)  # as given, even past what aiohttp allows
     await resp.prepare(request)
     await resp.write_eof()
     return resp
@@ -248,6 +272,91 @@ async def send_body(
     await stream_file(resp, file, start, end, stop_after)
     await resp.write_eof()
     return resp
+
+
+async def send_hostile(
+    request: web.Request, state: ServerState, file: Path, size: int, mode: str
+) -> web.StreamResponse:
+    """An answer in one of the hostile modes (see the module's docstring)."""
+    try:
+        wanted = parse_range(request.headers.get("Range"), size)
+    except Unsatisfiable:
+        wanted = None
+    start, end = wanted if wanted is not None else (0, size)
+    resp = web.StreamResponse(status=206)
+    resp.content_type = "application/octet-stream"
+    resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+    if mode == "huge":
+        resp.set_status(200)
+        del resp.headers["Content-Range"]
+        resp.content_length = HUGE_BODY
+        await resp.prepare(request)
+        state.ranges.append((request.path, 0, HUGE_BODY))
+        await stream_file(resp, file, 0, size)
+        await write_zeros(resp, HUGE_BODY - size)
+    elif mode == "endless":
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        state.ranges.append((request.path, start, -1))
+        await stream_file(resp, file, start, end)
+        await write_zeros(resp, None)
+    elif mode == "gzip-bomb":
+        body = gzip_bomb()
+        resp.headers["Content-Encoding"] = "gzip"
+        resp.content_length = len(body)
+        await resp.prepare(request)
+        state.ranges.append((request.path, start, end))
+        for offset in range(0, len(body), CHUNK):
+            await resp.write(body[offset : offset + CHUNK])
+    else:
+        if mode == "exact-200":
+            resp.set_status(200)
+            del resp.headers["Content-Range"]
+        elif mode == "wrong-range":
+            start, end = start + 1, min(end + 1, size)
+            resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        resp.content_length = end - start + (mode == "long")
+        await resp.prepare(request)
+        state.ranges.append((request.path, start, end))
+        await stream_file(resp, file, start, end)
+        if mode == "long":
+            await resp.write(b"!")
+    await resp.write_eof()
+    return resp
+
+
+async def write_zeros(resp: web.StreamResponse, count: int | None) -> None:
+    """Write count zero bytes (None: until the client goes away)."""
+    zeros = bytes(CHUNK)
+    while count is None or count > 0:
+        piece = zeros if count is None or count >= CHUNK else zeros[:count]
+        await resp.write(piece)
+        if count is not None:
+            count -= len(piece)
+
+
+_bomb: list[bytes] = []
+
+
+def gzip_bomb() -> bytes:
+    """A gzip stream of BOMB_ZEROS zero bytes, about a thousandth of that, made once.
+
+    After a full flush the compressor starts afresh, so every further MiB of zeros
+    compresses to the same bytes: one is made and repeated, then the final empty block and
+    the gzip trailer (CRC-32 and length of what the stream inflates to) close it."""
+    if not _bomb:
+        zeros = bytes(CHUNK)
+        packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: gzip framing
+        first = packer.compress(zeros) + packer.flush(zlib.Z_FULL_FLUSH)
+        again = packer.compress(zeros) + packer.flush(zlib.Z_FULL_FLUSH)
+        last_block = zlib.compressobj(9, zlib.DEFLATED, -15).flush()
+        count = BOMB_ZEROS // CHUNK
+        crc = 0
+        for _ in range(count):
+            crc = zlib.crc32(zeros, crc)
+        trailer = struct.pack("<II", crc, BOMB_ZEROS & 0xFFFFFFFF)
+        _bomb.append(first + again * (count - 1) + last_block + trailer)
+    return _bomb[0]
 
 
 async def add_fault(request: web.Request) -> web.Response:
@@ -286,6 +395,7 @@ async def get_stats(request: web.Request) -> web.Response:
             "ranges": [list(r) for r in state.ranges],
             "faults_left": [asdict(r) for r in state.rules],
             "max_inflight": state.max_inflight,
+            "headers": state.headers,
         }
     )
 

@@ -23,8 +23,8 @@ import trio
 
 from refmount.errors import FetchError
 from refmount.fetch.backend import Backend
-from refmount.fetch.fsspec_backend import FsspecBackend
 from refmount.fetch.local import LOCAL_PROTOCOLS, LocalBackend
+from refmount.fetch.obstore_backend import make_backend
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class Fetcher:
     remote_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     policy: FetchPolicy = field(default_factory=FetchPolicy)
     stats: FetchStats = field(default_factory=FetchStats)
+    backend: str = "auto"  # "auto": obstore where it serves the protocol; "fsspec": never
 
     def __post_init__(self) -> None:
         self._local = LocalBackend()
@@ -173,8 +174,8 @@ class Fetcher:
             return self._local
         backend = self._backends.get(protocol)
         if backend is None:
-            backend = self._backends[protocol] = FsspecBackend(
-                protocol, self._options_for(protocol)
+            backend = self._backends[protocol] = make_backend(
+                protocol, self._options_for(protocol), self.backend
             )
         return backend
 

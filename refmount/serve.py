@@ -62,6 +62,7 @@ class Daemon:
         )
         fetcher = Fetcher(
             remote_options=config.remote_options,
+            backend=config.fetch_backend,
             policy=FetchPolicy(
                 timeout=config.timeout,
                 retries=config.retries,

@@ -7,6 +7,7 @@ the data the test itself put on the server.
 from __future__ import annotations
 
 import base64
+import errno
 import itertools
 import json
 import os
@@ -151,8 +152,9 @@ def test_http_missing_whole_file_does_not_hide_its_directory(
     assert {"here", "inline", "range"} <= set(os.listdir(m.mountpoint / "d"))
     assert read(m.mountpoint / "d" / "here") == data
     assert read(m.mountpoint / "d" / "range") == data[100:110]
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(OSError) as failed:  # EIO: ENOENT would mean "no such key"
         read(m.mountpoint / "d" / "gone")
+    assert failed.value.errno == errno.EIO
 
 
 # -- S3 targets -----------------------------------------------------------------------------

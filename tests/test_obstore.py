@@ -266,9 +266,10 @@ def test_s3_ranges_size_and_missing(s3_server: MotoServer) -> None:
 
 class HostileServer:
     """Answers a GET with a 206 whose Content-Range is the asked range, and then a body
-    that runs on past it (chunked, or with a Content-Length far beyond the range), up to
-    ``cap`` bytes per connection; paths under ``/ok/`` get exactly their range.  Keeps
-    the request heads it received."""
+    that runs on past it, up to ``cap`` bytes per connection: chunked (``endless``:
+    object_store refuses it for its missing Content-Length) or with a Content-Length far
+    beyond the range (``too-long``: the backend cuts the stream).  Paths under ``/ok/``
+    get exactly their range.  Keeps the request heads it received."""
 
     def __init__(self, mode: str, cap: int = 1 << 30) -> None:
         self.mode = mode

@@ -11,9 +11,11 @@ task, drops the Rust request and closes its connection.
 
 Bounds: a ranged GET is read as a stream whose pieces are gathered up to one byte more
 than asked for, and dropped there, so a body that is too long (or endless) costs at most
-the asked length plus one network read.  object_store refuses, before any body is read,
-an answer that is not a 206 (a server ignoring Range) and a 206 whose Content-Range is
-not the range asked for; it never asks for a compressed transfer encoding.
+the asked length plus one network read (and, for a moment, a second copy of that: the
+pieces become one Python bytes object).  object_store refuses, before any body is read,
+an answer that is not a 206 (a server ignoring Range), a 206 whose Content-Range is not
+the range asked for, and one without a Content-Length (a chunked, possibly endless
+body); it never asks for a compressed transfer encoding.
 
 One store per protocol and bucket (S3, GCS), container (Azure) or scheme and host
 (HTTP), made in a worker thread on first use: importing obstore and building a client

@@ -219,7 +219,7 @@ def test_persistent_503_gives_eio_and_the_daemon_lives_on(
 
 
 @pytest.mark.parametrize(
-    ("fault", "message"), [("403", "Permission denied"), ("404", "No such file or directory")]
+    ("fault", "message"), [("403", "Permission denied"), ("404", "Input/output error")]
 )
 def test_permanent_http_errors_map_to_errno_without_retry(
     mount: Callable[..., Mounted],
@@ -241,17 +241,19 @@ def test_permanent_http_errors_map_to_errno_without_retry(
     assert m.process.poll() is None
 
 
-def test_missing_whole_file_key_is_enoent(
+def test_missing_whole_file_key_is_eio_never_enoent(
     mount: Callable[..., Mounted], http: RangeServer, tmp_path: Path
 ) -> None:
+    """ENOENT would mean "no such key": zarr would read fill values instead of failing."""
     missing = f"{http.url}/no-such-file-{tmp_path.name}.bin"
     m = mount(write_refs(tmp_path, {"k": [missing]}), *FAST)
 
     result = run(["stat", str(m.mountpoint / "k")])
 
     assert result.returncode != 0
-    assert "No such file or directory" in result.stderr.decode()
+    assert "Input/output error" in result.stderr.decode(), result.stderr
     assert m.process.poll() is None
+    assert "HTTP 404: not found" in m.log()
 
 
 def test_a_failing_whole_file_key_does_not_hide_its_directory(
@@ -443,7 +445,7 @@ def test_the_daemon_survives_every_kind_of_bad_file(
         "short": "Input/output error",
         "ignore-range": "Input/output error",
         "403": "Permission denied",
-        "404": "No such file or directory",
+        "404": "Input/output error",
     }
     bad = {mode: remote(f"bad-{mode}", 300_000) for mode in faults}
     good = [remote(f"good{i}", 300_000) for i in range(2)]

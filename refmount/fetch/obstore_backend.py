@@ -218,7 +218,7 @@ def _translated(exc: Exception, url: str) -> Exception:
 
     first_line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
     if isinstance(exc, FileNotFoundError):
-        return FetchError(f"{_shown(url)}: not found (HTTP 404)", errno.EIO)
+        return FetchError(f"{_shown(url)}: HTTP 404: not found", errno.EIO)
     if isinstance(exc, PermissionDeniedError | UnauthenticatedError):
         status = _STATUS.search(str(exc))
         what = f"HTTP {status.group(1)}" if status else "access denied"

@@ -339,7 +339,7 @@ def hostile(request: pytest.FixtureRequest) -> Iterator[HostileServer]:
 
 
 PEAK_CHILD = """
-import sys, time, trio
+import sys, trio
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher, FetchPolicy
 
@@ -361,9 +361,7 @@ async def main():
         result = "EIO" if exc.errno == 5 else str(exc.errno)
     print(result, before, peak(), fetcher.stats.requests)
 trio.run(main)
-# obstore's runtime threads may still be letting go of the last answer: exiting in that
-# instant can abort the interpreter (seen with obstore 0.12 and plain asyncio too).
-time.sleep(0.5)
+fetcher.close()  # as the daemon does: lets obstore's threads settle before exiting
 """
 
 

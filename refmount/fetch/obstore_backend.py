@@ -29,6 +29,7 @@ import errno
 import importlib.util
 import logging
 import re
+import time
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
@@ -52,6 +53,10 @@ from refmount.fetch.obstore_options import (
 log = logging.getLogger(__name__)
 
 BACKEND_CHOICES = ("auto", "fsspec")
+#: obstore's runtime threads let go of a request's Python objects just after it ends; an
+#: interpreter that finalizes in that instant aborts (seen with obstore 0.12, with plain
+#: asyncio too; 50 ms after the last request it never did in 30 tries).
+SETTLE_SECONDS = 0.2
 _STATUS = re.compile(r"status code: (\d{3})")
 
 
@@ -92,6 +97,7 @@ class ObstoreBackend:
         self._obstore: ModuleType | None = None
         self._stores: dict[str, Any] = {}
         self._making: dict[str, trio.Event] = {}
+        self._last_request = -SETTLE_SECONDS
 
     async def read(self, url: str, start: int, end: int) -> bytes:
         target = self._target(url)
@@ -103,6 +109,8 @@ class ObstoreBackend:
             data: bytes = await on_fsspec_loop(_ranged_get(self._obstore, store, path, start, end))
         except Exception as exc:
             raise _translated(exc, url) from None
+        finally:
+            self._last_request = time.monotonic()
         return data
 
     async def size(self, url: str) -> int:
@@ -115,6 +123,8 @@ class ObstoreBackend:
             meta = await on_fsspec_loop(_head(self._obstore, store, path))
         except Exception as exc:
             raise _translated(exc, url) from None
+        finally:
+            self._last_request = time.monotonic()
         size = meta.get("size")
         if not isinstance(size, int) or size < 0:
             raise FetchError(f"{_shown(url)}: the store gives no size")
@@ -124,6 +134,11 @@ class ObstoreBackend:
         await self._import()
 
     def close(self) -> None:
+        """Drop the stores; first give obstore's threads the moment they need after the
+        last request, so that a process exiting right after this does not abort."""
+        settle = self._last_request + SETTLE_SECONDS - time.monotonic()
+        if settle > 0:
+            time.sleep(settle)
         self._stores.clear()
         self.fallback.close()
 

@@ -269,7 +269,7 @@ class HostileServer:
     that runs on past it, up to ``cap`` bytes per connection: chunked (``endless``:
     object_store refuses it for its missing Content-Length) or with a Content-Length far
     beyond the range (``too-long``: the backend cuts the stream).  Paths under ``/ok/``
-    get exactly their range.  Keeps the request heads it received."""
+    get exactly their range; HEAD gets a 405.  Keeps the request heads it received."""
 
     def __init__(self, mode: str, cap: int = 1 << 30) -> None:
         self.mode = mode
@@ -303,6 +303,9 @@ class HostileServer:
                 head += piece
             text = head.decode(errors="replace")
             self.heads.append(text)
+            if text.startswith("HEAD "):
+                conn.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
+                return
             match = re.search(r"(?im)^range: bytes=(\d+)-(\d+)", text)
             start, last = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
             fields = [
@@ -389,6 +392,17 @@ def test_a_body_past_the_range_costs_at_most_the_asked_length(hostile: HostileSe
     # The server was cut off long before its 1 GiB: each answer was dropped at the range.
     assert hostile.sent and max(hostile.sent) < 256 * MiB, hostile.sent
     assert all("accept-encoding" not in head.lower() for head in hostile.heads)
+
+
+def test_a_size_the_server_will_not_give_is_eio_naming_its_status() -> None:
+    server = HostileServer("too-long")
+    try:
+        with pytest.raises(FetchError) as failed:
+            trio.run(quick_fetcher().size, f"{server.url}/ok/a.bin")
+    finally:
+        server.close()
+    assert failed.value.errno == errno.EIO
+    assert str(failed.value).endswith(": HTTP 405")  # object_store calls it "not found"
 
 
 def test_ignore_range_on_a_big_file_costs_nothing(http: RangeServer, http_root: Path) -> None:

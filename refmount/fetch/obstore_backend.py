@@ -232,8 +232,11 @@ def _translated(exc: Exception, url: str) -> Exception:
     from obstore.exceptions import BaseError, PermissionDeniedError, UnauthenticatedError
 
     first_line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-    if isinstance(exc, FileNotFoundError):
-        return FetchError(f"{_shown(url)}: HTTP 404: not found", errno.EIO)
+    if isinstance(exc, FileNotFoundError):  # object_store says so for a 404 and a 405
+        status = _STATUS.search(str(exc))
+        code = status.group(1) if status else "404"
+        what = "HTTP 404: not found" if code == "404" else f"HTTP {code}"
+        return FetchError(f"{_shown(url)}: {what}", errno.EIO)
     if isinstance(exc, PermissionDeniedError | UnauthenticatedError):
         status = _STATUS.search(str(exc))
         what = f"HTTP {status.group(1)}" if status else "access denied"

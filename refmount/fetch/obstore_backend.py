@@ -122,7 +122,11 @@ class ObstoreBackend:
         try:
             meta = await on_fsspec_loop(_head(self._obstore, store, path))
         except Exception as exc:
-            raise _translated(exc, url) from None
+            if not _head_unusable(exc):
+                raise _translated(exc, url) from None
+            # fsspec asks with a GET too, where a server refuses HEAD or sends no length.
+            log.debug("%s: no size from HEAD (%s); asking fsspec", _shown(url), _first_line(exc))
+            return await self.fallback.size(url)
         finally:
             self._last_request = time.monotonic()
         size = meta.get("size")
@@ -231,7 +235,6 @@ def _translated(exc: Exception, url: str) -> Exception:
     an HTTP status keeps its number (retried where the fetcher retries it)."""
     from obstore.exceptions import BaseError, PermissionDeniedError, UnauthenticatedError
 
-    first_line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
     if isinstance(exc, FileNotFoundError):  # object_store says so for a 404 and a 405
         status = _STATUS.search(str(exc))
         code = status.group(1) if status else "404"
@@ -245,8 +248,23 @@ def _translated(exc: Exception, url: str) -> Exception:
         status = _STATUS.search(str(exc))
         if status:
             return ObstoreError(f"HTTP {status.group(1)}", int(status.group(1)))
-        return ObstoreError(f"{type(exc).__name__}: {first_line}")
+        return ObstoreError(f"{type(exc).__name__}: {_first_line(exc)}")
     return exc
+
+
+def _head_unusable(exc: Exception) -> bool:
+    """Whether a failed HEAD says nothing about the object: refused (405, which
+    object_store reports as "not found") or answered without a usable Content-Length."""
+    text = str(exc)
+    status = _STATUS.search(text)
+    if status is not None:
+        return status.group(1) == "405"
+    return "Content-Length" in _first_line(exc)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else ""
 
 
 def _shown(url: str) -> str:

@@ -77,9 +77,16 @@ def test_s3_options_translate(s3_server: MotoServer) -> None:
 
 def test_other_stores_options_translate(tmp_path: Path) -> None:
     http = translate("https", {"headers": {"Authorization": "Bearer x"}, "block_size": 0})
-    assert http.client_options["default_headers"] == {"Authorization": "Bearer x"}
-    kw = translate("http", {"client_kwargs": {"headers": {"A": "1"}}, "headers": {"B": "2"}})
-    assert kw.client_options["default_headers"] == {"A": "1", "B": "2"}
+    identity = {"Accept-Encoding": "identity"}
+    assert http.client_options["default_headers"] == {"Authorization": "Bearer x", **identity}
+    kw = translate(
+        "http",
+        {
+            "client_kwargs": {"headers": {"A": "1"}},
+            "headers": {"B": "2", "accept-encoding": "gzip"},
+        },
+    )
+    assert kw.client_options["default_headers"] == {"A": "1", "B": "2", **identity}
     key_file = tmp_path / "sa.json"
     key_file.write_text("{}")
     assert translate("gs", {"token": str(key_file)}).config == {"service_account": str(key_file)}
@@ -268,12 +275,18 @@ OK_SIZE = 1234
 
 
 class HostileServer:
-    """Answers a GET with a 206 whose Content-Range is the asked range, and then a body
-    that runs on past it, up to ``cap`` bytes per connection: chunked (``endless``:
-    object_store refuses it for its missing Content-Length) or with a Content-Length far
-    beyond the range (``too-long``: the backend cuts the stream).  Paths under ``/ok/``
-    get exactly their range, a GET without a range ``OK_SIZE`` bytes, a HEAD a 405.
-    Keeps the request heads it received."""
+    """Answers a ranged GET in the way ``mode`` names, up to ``cap`` body bytes per
+    connection (every body byte is 0xAB):
+
+    ``endless``      a 206 with the asked Content-Range, then a chunked body without end
+    ``too-long``     a 206 with the asked Content-Range and a Content-Length of ``cap``
+    ``gzip``         a 206 with the asked Content-Range and length, ``Content-Encoding: gzip``
+    ``whole-200``    a 200 (Range ignored) with a Content-Length of ``cap``
+    ``long-at-end``  a 206 saying the object ends 10 bytes after the asked start, with a
+                     body one byte longer than that
+
+    Paths under ``/ok/`` get exactly their range, a GET without a range ``OK_SIZE``
+    bytes, a HEAD a 405.  Keeps the request heads it received."""
 
     def __init__(self, mode: str, cap: int = 1 << 30) -> None:
         self.mode = mode
@@ -307,39 +320,49 @@ class HostileServer:
                 head += piece
             text = head.decode(errors="replace")
             self.heads.append(text)
-            if text.startswith("HEAD "):
-                conn.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
-                return
-            match = re.search(r"(?im)^range: bytes=(\d+)-(\d+)", text)
-            if match is None:  # the whole object: OK_SIZE bytes
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % OK_SIZE)
-                conn.sendall(b"\xab" * OK_SIZE)
-                return
-            start, last = int(match.group(1)), int(match.group(2))
-            fields = [
-                "HTTP/1.1 206 Partial Content",
-                f"Content-Range: bytes {start}-{last}/{1 << 40}",
-                "Transfer-Encoding: chunked" if self.mode == "endless" else
-                f"Content-Length: {self.cap}",
-            ]  # fmt: skip
-            if text.startswith("GET /ok/"):
-                fields[2] = f"Content-Length: {last - start + 1}"
-                conn.sendall(("\r\n".join(fields) + "\r\n\r\n").encode())
-                conn.sendall(b"\xab" * (last - start + 1))
-                return
-            block = b"\xab" * MiB
+            status, fields, length = self._plan(text)
             sent = 0
             try:
-                conn.sendall(("\r\n".join(fields) + "\r\n\r\n").encode())
-                while sent < self.cap:
-                    if self.mode == "endless":
-                        conn.sendall(b"%x\r\n%s\r\n" % (len(block), block))
-                    else:
-                        conn.sendall(block)
-                    sent += len(block)
+                conn.sendall((f"HTTP/1.1 {status}\r\n" + "".join(f"{f}\r\n" for f in fields)
+                              + "\r\n").encode())  # fmt: skip
+                while sent < length:
+                    block = b"\xab" * min(MiB, length - sent)
+                    if "Transfer-Encoding: chunked" in fields:
+                        block = b"%x\r\n%s\r\n" % (len(block), block)
+                    conn.sendall(block)
+                    sent += min(MiB, length - sent)
             except OSError:
                 pass
             self.sent.append(sent)
+
+    def _plan(self, text: str) -> tuple[str, list[str], int]:
+        """(status line, header fields, body bytes to send) for one request."""
+        if text.startswith("HEAD "):
+            return "405 Method Not Allowed", ["Content-Length: 0"], 0
+        if self.mode == "whole-200" and not text.startswith("GET /ok/"):
+            return "200 OK", [f"Content-Length: {self.cap}"], self.cap
+        match = re.search(r"(?im)^range: bytes=(\d+)-(\d+)", text)
+        if match is None:  # the whole object
+            return "200 OK", [f"Content-Length: {OK_SIZE}"], OK_SIZE
+        start, last = int(match.group(1)), int(match.group(2))
+        asked = f"Content-Range: bytes {start}-{last}/{1 << 40}"
+        if text.startswith("GET /ok/"):
+            return (
+                "206 Partial Content",
+                [asked, f"Content-Length: {last - start + 1}"],
+                (last - start + 1),
+            )
+        if self.mode == "endless":
+            return "206 Partial Content", [asked, "Transfer-Encoding: chunked"], self.cap
+        if self.mode == "gzip":
+            length = last - start + 1
+            return "206 Partial Content", [
+                asked, f"Content-Length: {length}", "Content-Encoding: gzip"
+            ], length  # fmt: skip
+        if self.mode == "long-at-end":
+            at_end = f"Content-Range: bytes {start}-{start + 9}/{start + 10}"
+            return "206 Partial Content", [at_end, "Content-Length: 11"], 11
+        return "206 Partial Content", [asked, f"Content-Length: {self.cap}"], self.cap
 
 
 @pytest.fixture(params=["endless", "too-long"])
@@ -399,7 +422,34 @@ def test_a_body_past_the_range_costs_at_most_the_asked_length(hostile: HostileSe
     assert growth < 2 * want + 32 * MiB, growth
     # The server was cut off long before its 1 GiB: each answer was dropped at the range.
     assert hostile.sent and max(hostile.sent) < 256 * MiB, hostile.sent
-    assert all("accept-encoding" not in head.lower() for head in hostile.heads)
+    assert all("\r\naccept-encoding: identity\r\n" in head.lower() for head in hostile.heads)
+
+
+def test_compressed_wrong_length_and_whole_answers() -> None:
+    """A compressed range is no range; a body longer than its Content-Range says is no
+    short file; a 200 (the whole object) gives the first bytes of a range from byte 0,
+    reading no more of its 1 GiB than that, and nothing for a range further on."""
+    servers = {mode: HostileServer(mode) for mode in ("gzip", "long-at-end", "whole-200")}
+    fetcher = quick_fetcher()
+
+    async def main() -> None:
+        for mode, start, end, short in [
+            ("gzip", 1000, 2000, False),
+            ("long-at-end", 1000, 100_000, True),
+            ("whole-200", 1000, 5000, False),
+        ]:
+            with pytest.raises(FetchError) as failed:
+                await fetcher.fetch(f"{servers[mode].url}/x.bin", start, end, allow_short=short)
+            assert failed.value.errno == errno.EIO, mode
+        whole = f"{servers['whole-200'].url}/x.bin"
+        assert await fetcher.fetch(whole, 0, 5000) == b"\xab" * 5000
+
+    try:
+        trio.run(main)
+    finally:
+        for server in servers.values():
+            server.close()
+    assert max(servers["whole-200"].sent) < 256 * MiB
 
 
 def test_a_size_head_cannot_give_is_asked_through_fsspec() -> None:

@@ -211,18 +211,42 @@ class ObstoreBackend:
 
 async def _ranged_get(obstore: ModuleType, store: Any, path: str, start: int, end: int) -> bytes:
     """Bytes ``[start, end)`` (fewer where the object ends), holding at most one network
-    read more than ``end - start + 1`` bytes: the fetcher rejects a longer answer.
-    Runs on fsspec's asyncio loop."""
+    read more than ``end - start + 1`` bytes.  Runs on fsspec's asyncio loop.
+
+    The body must be exactly the range the store's Content-Range names (object_store has
+    checked that it is the asked one, cut at the object's end), uncompressed.  A 200 (the
+    whole object: the server ignores Range) is refused by object_store; for a range from
+    byte 0 its first bytes are the right ones, so the object is asked again without a
+    range and read only as far as needed."""
     want = end - start
-    result = await obstore.get_async(store, path, options={"range": (start, end)})
+    try:
+        result = await obstore.get_async(store, path, options={"range": (start, end)})
+    except obstore.exceptions.NotSupportedError:
+        if start != 0:
+            raise
+        result = await obstore.get_async(store, path)
+        return await _gathered(result, want, exact=False)
+    return await _gathered(result, want, exact=True)
+
+
+async def _gathered(result: Any, want: int, *, exact: bool) -> bytes:
+    """The body of ``result``: exactly its range (``exact``), or its first ``want`` bytes."""
+    encoding = result.attributes.get("Content-Encoding", "identity")
+    if encoding.strip().lower() != "identity":
+        raise ObstoreError(f"the store answered with Content-Encoding {encoding[:40]!r}")
+    first, stop = result.range
+    expected = min(stop - first, want)
     pieces: list[bytes] = []
     held = 0
-    async for piece in result.stream(min_chunk_size=want + 1):
+    async for piece in result.stream(min_chunk_size=expected + 1):
         pieces.append(piece)
         held += len(piece)
-        if held > want:
+        if held > expected:
             break  # too long: dropping the stream closes the connection
-    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    if exact and held != expected:
+        raise ObstoreError(f"the store's body has {held} bytes for a range of {expected}")
+    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    return data if exact or held <= want else data[:want]
 
 
 async def _head(obstore: ModuleType, store: Any, path: str) -> Any:

@@ -47,7 +47,9 @@ key is given, and S3 on AWS itself with no region given or set in the environmen
 
 Every store also gets refmount's client settings: no retries inside obstore (the
 fetcher retries, under its own deadline) and no total timeout of obstore's own (the
-fetcher's deadline cancels the request).
+fetcher's deadline cancels the request); and ``Accept-Encoding: identity`` on every
+request (a user's own Accept-Encoding header is dropped): a byte range of a compressed
+encoding is not the range.
 """
 
 from __future__ import annotations
@@ -91,6 +93,9 @@ FSSPEC_ONLY = frozenset(
 
 #: Client settings every store gets: the fetcher owns retries and deadlines.
 CLIENT_DEFAULTS: dict[str, Any] = {"timeout": "86400s"}
+#: Headers every request carries: a ranged read is never of a compressed encoding (its
+#: bytes would be the wrong ones, and a small body could inflate without bound).
+IDENTITY = {"Accept-Encoding": "identity"}
 RETRY_CONFIG: dict[str, Any] = {"max_retries": 0}
 
 
@@ -104,7 +109,9 @@ class StoreConfig:
 
     kind: str  # "s3", "gcs", "azure" or "http"
     config: dict[str, Any] = field(default_factory=dict)
-    client_options: dict[str, Any] = field(default_factory=lambda: dict(CLIENT_DEFAULTS))
+    client_options: dict[str, Any] = field(
+        default_factory=lambda: {**CLIENT_DEFAULTS, "default_headers": dict(IDENTITY)}
+    )
 
 
 def translate(protocol: str, options: Mapping[str, Any]) -> StoreConfig:
@@ -267,7 +274,8 @@ def _http(options: dict[str, Any]) -> StoreConfig:
         if not isinstance(source, Mapping):
             raise Untranslatable("headers")
         headers.update({str(k): str(v) for k, v in source.items()})
-    if headers:
-        store.client_options["default_headers"] = headers
+    for name in [h for h in headers if h.lower() == "accept-encoding"]:
+        del headers[name]  # ranges are asked uncompressed, whatever the options say
+    store.client_options["default_headers"].update(headers)
     _refuse_rest(options)
     return store

@@ -78,6 +78,7 @@ class Config:
     retries: int = 3
     max_requests: int = 64
     max_requests_per_host: int = 32
+    fetch_backend: str = "auto"
     read_ahead_kb: int = 16384
     max_background: int = 64
     allow_other: bool = False
@@ -263,6 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=Config.timeout,
         metavar="S",
         help="deadline of one remote request attempt (default %(default)g)",
+    )
+    g.add_argument(
+        "--fetch-backend",
+        choices=("auto", "fsspec"),
+        default=Config.fetch_backend,
+        help="what reads remote byte ranges: auto (obstore for http(s), s3, gs and az "
+        "when their options translate, fsspec otherwise) or fsspec (always)",
     )
     g.add_argument(
         "--retries",

@@ -75,6 +75,7 @@ class Daemon:
             refset = load_refset(config, progress)
         fetcher = Fetcher(
             remote_options=config.remote_options,
+            backend=config.fetch_backend,
             policy=FetchPolicy(
                 timeout=config.timeout,
                 retries=config.retries,

@@ -1,7 +1,9 @@
 """Remote byte ranges from trio: deadlines, retries and length checks for every backend.
 
-Each protocol is served by one backend (:mod:`refmount.fetch.backend`): local files by
-:class:`LocalBackend`, everything else by :class:`FsspecBackend`.  The fetcher wraps every
+Each protocol (or host with options of its own) is served by one backend
+(:mod:`refmount.fetch.backend`): local files by :class:`LocalBackend`; http(s), s3, gs and
+az by obstore where it can serve them (:mod:`refmount.fetch.obstore_backend`), everything
+else by :class:`FsspecBackend`.  The fetcher wraps every
 request the same way, whichever backend moves the bytes: a deadline per attempt, bounded
 requests in flight (all hosts, and per host), transient failures retried with jittered
 exponential backoff, and every answer's length checked: a store that returns more or
@@ -23,8 +25,8 @@ import trio
 
 from refmount.errors import FetchError
 from refmount.fetch.backend import MAX_FILE_SIZE, Backend, WrongAnswer
-from refmount.fetch.fsspec_backend import FsspecBackend
 from refmount.fetch.local import LOCAL_PROTOCOLS, LocalBackend
+from refmount.fetch.obstore_backend import make_backend
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,7 @@ class Fetcher:
     remote_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     policy: FetchPolicy = field(default_factory=FetchPolicy)
     stats: FetchStats = field(default_factory=FetchStats)
+    backend: str = "auto"  # "auto": obstore where it serves the protocol; "fsspec": never
 
     def __post_init__(self) -> None:
         self._local = LocalBackend()
@@ -239,7 +242,7 @@ class Fetcher:
 
     def _new_backend(self, protocol: str, options: dict[str, Any]) -> Backend:
         """A backend for one scope of a remote protocol."""
-        return FsspecBackend(protocol, options)
+        return make_backend(protocol, options, self.backend)
 
     def _options_for(self, protocol: str, scope: str) -> dict[str, Any]:
         """The fsspec storage options of one scope: those given for its protocol, then

@@ -1,0 +1,298 @@
+"""Byte ranges of HTTP(S), S3, GCS and Azure objects through obstore.
+
+obstore (Rust's ``object_store`` behind Python bindings) does the requests, and receives
+and assembles the bodies, in its own threads without the GIL: the Python left per read
+is a handful of calls, where aiohttp handles every 64 KiB piece of a body in Python.
+
+Its asynchronous calls need an asyncio loop: they run on fsspec's loop thread (the one
+the fsspec backend uses too), with their completion handed to trio through its token,
+so no thread is spent per request, and the fetcher's deadline, by cancelling the asyncio
+task, drops the Rust request and closes its connection.
+
+Bounds: a ranged GET is read as a stream whose pieces are gathered up to one byte more
+than asked for, and dropped there, so a body that is too long (or endless) costs at most
+the asked length plus one network read (and, for a moment, a second copy of that: the
+pieces become one Python bytes object).  object_store refuses, before any body is read,
+an answer that is not a 206 (a server ignoring Range), a 206 whose Content-Range is not
+the range asked for, and one without a Content-Length (a chunked, possibly endless
+body); it never asks for a compressed transfer encoding.
+
+One store per protocol and bucket (S3, GCS), container (Azure) or scheme and host
+(HTTP), made in a worker thread on first use: importing obstore and building a client
+must not stall the serving loop.  URLs a store cannot address as a path (an HTTP URL
+with a query string or user information) go to the fsspec backend.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import logging
+import re
+import time
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import trio
+
+from refmount.errors import FetchError
+from refmount.fetch.backend import Backend
+from refmount.fetch.fsspec_backend import FsspecBackend, on_fsspec_loop
+from refmount.fetch.obstore_options import (
+    AZURE_PROTOCOLS,
+    HTTP_PROTOCOLS,
+    OBSTORE_PROTOCOLS,
+    RETRY_CONFIG,
+    StoreConfig,
+    Untranslatable,
+    translate,
+)
+
+log = logging.getLogger(__name__)
+
+BACKEND_CHOICES = ("auto", "fsspec")
+#: obstore's runtime threads let go of a request's Python objects just after it ends; an
+#: interpreter that finalizes in that instant aborts (seen with obstore 0.12, with plain
+#: asyncio too; 50 ms after the last request it never did in 30 tries).
+SETTLE_SECONDS = 0.2
+_STATUS = re.compile(r"status code: (\d{3})")
+
+
+class ObstoreError(Exception):
+    """A failed obstore request, in one line; ``status`` is the HTTP status when the
+    store answered with one (the fetcher decides from it whether to retry)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def make_backend(protocol: str, options: Mapping[str, Any], choice: str = "auto") -> Backend:
+    """The backend for a remote protocol: obstore where ``choice`` is ``auto``, the
+    protocol is one obstore serves, obstore is installed and every option translates;
+    fsspec otherwise (with one log line saying why, when obstore was possible)."""
+    fsspec_backend = FsspecBackend(protocol, options)
+    if choice == "fsspec" or protocol not in OBSTORE_PROTOCOLS:
+        return fsspec_backend
+    if importlib.util.find_spec("obstore") is None:
+        log.info("%s: byte ranges through fsspec: obstore is not installed", protocol)
+        return fsspec_backend
+    try:
+        config = translate(protocol, options)
+    except Untranslatable as exc:
+        log.info("%s: byte ranges through fsspec: obstore has no equivalent for %s", protocol, exc)
+        return fsspec_backend
+    return ObstoreBackend(protocol, config, fsspec_backend)
+
+
+class ObstoreBackend:
+    """One protocol's obstore stores, one per bucket, container or host."""
+
+    def __init__(self, protocol: str, config: StoreConfig, fallback: FsspecBackend) -> None:
+        self.protocol = protocol
+        self.config = config
+        self.fallback = fallback
+        self._obstore: ModuleType | None = None
+        self._stores: dict[str, Any] = {}
+        self._making: dict[str, trio.Event] = {}
+        self._last_request = -SETTLE_SECONDS
+
+    async def read(self, url: str, start: int, end: int) -> bytes:
+        target = self._target(url)
+        if target is None:
+            return await self.fallback.read(url, start, end)
+        store, path = await self._store(target[0]), target[1]
+        assert self._obstore is not None
+        try:
+            data: bytes = await on_fsspec_loop(_ranged_get(self._obstore, store, path, start, end))
+        except Exception as exc:
+            raise _translated(exc, url) from None
+        finally:
+            self._last_request = time.monotonic()
+        return data
+
+    async def size(self, url: str) -> int:
+        target = self._target(url)
+        if target is None:
+            return await self.fallback.size(url)
+        store, path = await self._store(target[0]), target[1]
+        assert self._obstore is not None
+        try:
+            meta = await on_fsspec_loop(_head(self._obstore, store, path))
+        except Exception as exc:
+            if not _head_unusable(exc):
+                raise _translated(exc, url) from None
+            # fsspec asks with a GET too, where a server refuses HEAD or sends no length.
+            log.debug("%s: no size from HEAD (%s); asking fsspec", _shown(url), _first_line(exc))
+            return await self.fallback.size(url)
+        finally:
+            self._last_request = time.monotonic()
+        size = meta.get("size")
+        if not isinstance(size, int) or size < 0:
+            raise FetchError(f"{_shown(url)}: the store gives no size")
+        return size
+
+    async def prepare(self) -> None:
+        await self._import()
+
+    def close(self) -> None:
+        """Drop the stores; first give obstore's threads the moment they need after the
+        last request, so that a process exiting right after this does not abort."""
+        settle = self._last_request + SETTLE_SECONDS - time.monotonic()
+        if settle > 0:
+            time.sleep(settle)
+        self._stores.clear()
+        self.fallback.close()
+
+    # -- stores ---------------------------------------------------------------------------
+
+    def _target(self, url: str) -> tuple[str, str] | None:
+        """(store key, path in that store) for ``url``, or None for the fsspec backend."""
+        parts = urlsplit(url)
+        if self.protocol in HTTP_PROTOCOLS:
+            if parts.query or parts.fragment or "@" in parts.netloc or not parts.hostname:
+                return None
+            path = unquote(parts.path).lstrip("/")
+            return (f"{parts.scheme}://{parts.netloc}", path) if path else None
+        path = parts.path.lstrip("/")
+        if not parts.netloc or not path or parts.query or parts.fragment:
+            return None
+        return parts.netloc, path
+
+    async def _import(self) -> ModuleType:
+        if self._obstore is None:
+            self._obstore = await trio.to_thread.run_sync(importlib.import_module, "obstore")
+        return self._obstore
+
+    async def _store(self, key: str) -> Any:
+        while (store := self._stores.get(key)) is None:
+            making = self._making.get(key)
+            if making is not None:
+                await making.wait()
+                continue
+            self._making[key] = making = trio.Event()
+            try:
+                await self._import()
+                self._stores[key] = await trio.to_thread.run_sync(self._make_store, key)
+            except Exception as exc:
+                raise FetchError(f"{self.protocol}://{key}: no obstore store: {exc}") from exc
+            finally:
+                del self._making[key]
+                making.set()
+        return store
+
+    def _make_store(self, key: str) -> Any:
+        """A store for one bucket, container or host.  Runs in a worker thread."""
+        from obstore.store import AzureStore, GCSStore, HTTPStore, S3Store
+
+        config = self.config
+        common: dict[str, Any] = {
+            "client_options": dict(config.client_options),
+            "retry_config": dict(RETRY_CONFIG),
+        }
+        if config.kind == "http":
+            store = HTTPStore.from_url(key, **common)
+        elif config.kind == "s3":
+            store = S3Store(key, config=dict(config.config), **common)
+        elif config.kind == "gcs":
+            store = GCSStore(key, config=dict(config.config), **common)
+        else:
+            container, _, host = key.partition("@")
+            settings = dict(config.config)
+            if host and self.protocol in AZURE_PROTOCOLS:
+                settings.setdefault("account_name", host.split(".", 1)[0])
+            store = AzureStore(container, config=settings, **common)
+        shown = key if config.kind == "http" else f"{self.protocol}://{key}"
+        log.info("%s: byte ranges through obstore", shown)
+        return store
+
+
+async def _ranged_get(obstore: ModuleType, store: Any, path: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` (fewer where the object ends), holding at most one network
+    read more than ``end - start + 1`` bytes.  Runs on fsspec's asyncio loop.
+
+    The body must be exactly the range the store's Content-Range names (object_store has
+    checked that it is the asked one, cut at the object's end), uncompressed.  A 200 (the
+    whole object: the server ignores Range) is refused by object_store; for a range from
+    byte 0 its first bytes are the right ones, so the object is asked again without a
+    range and read only as far as needed."""
+    want = end - start
+    try:
+        result = await obstore.get_async(store, path, options={"range": (start, end)})
+    except obstore.exceptions.NotSupportedError:
+        if start != 0:
+            raise
+        result = await obstore.get_async(store, path)
+        return await _gathered(result, want, exact=False)
+    return await _gathered(result, want, exact=True)
+
+
+async def _gathered(result: Any, want: int, *, exact: bool) -> bytes:
+    """The body of ``result``: exactly its range (``exact``), or its first ``want`` bytes."""
+    encoding = result.attributes.get("Content-Encoding", "identity")
+    if encoding.strip().lower() != "identity":
+        raise ObstoreError(f"the store answered with Content-Encoding {encoding[:40]!r}")
+    first, stop = result.range
+    expected = min(stop - first, want)
+    pieces: list[bytes] = []
+    held = 0
+    async for piece in result.stream(min_chunk_size=expected + 1):
+        pieces.append(piece)
+        held += len(piece)
+        if held > expected:
+            break  # too long: dropping the stream closes the connection
+    if exact and held != expected:
+        raise ObstoreError(f"the store's body has {held} bytes for a range of {expected}")
+    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    return data if exact or held <= want else data[:want]
+
+
+async def _head(obstore: ModuleType, store: Any, path: str) -> Any:
+    return await obstore.head_async(store, path)
+
+
+def _translated(exc: Exception, url: str) -> Exception:
+    """obstore's exception as one the fetcher maps to the right errno: a missing object
+    is EIO (a key of the reference set is never "no such file"), refused access EACCES,
+    an HTTP status keeps its number (retried where the fetcher retries it)."""
+    from obstore.exceptions import BaseError, PermissionDeniedError, UnauthenticatedError
+
+    if isinstance(exc, FileNotFoundError):  # object_store says so for a 404 and a 405
+        status = _STATUS.search(str(exc))
+        code = status.group(1) if status else "404"
+        what = "HTTP 404: not found" if code == "404" else f"HTTP {code}"
+        return FetchError(f"{_shown(url)}: {what}", errno.EIO)
+    if isinstance(exc, PermissionDeniedError | UnauthenticatedError):
+        status = _STATUS.search(str(exc))
+        what = f"HTTP {status.group(1)}" if status else "access denied"
+        return FetchError(f"{_shown(url)}: {what}", errno.EACCES)
+    if isinstance(exc, BaseError):
+        status = _STATUS.search(str(exc))
+        if status:
+            return ObstoreError(f"HTTP {status.group(1)}", int(status.group(1)))
+        return ObstoreError(f"{type(exc).__name__}: {_first_line(exc)}")
+    return exc
+
+
+def _head_unusable(exc: Exception) -> bool:
+    """Whether a failed HEAD says nothing about the object: refused (405, which
+    object_store reports as "not found") or answered without a usable Content-Length."""
+    text = str(exc)
+    status = _STATUS.search(text)
+    if status is not None:
+        return status.group(1) == "405"
+    return "Content-Length" in _first_line(exc)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else ""
+
+
+def _shown(url: str) -> str:
+    """The URL as logs show it (no user information or query)."""
+    from refmount.fetch.fetcher import redact  # the fetcher imports this module
+
+    return redact(url)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import random
+import re
 import shutil
 import signal
 import subprocess
@@ -21,6 +23,7 @@ from tests.support.mounting import (  # noqa: F401
     unmount,
 )
 from tests.support.nginx import NginxServer
+from tests.support.remote_files import Remote
 from tests.support.servers import MotoServer, RangeServer
 
 
@@ -98,3 +101,18 @@ def refmount_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess
 
 
 assert shutil.which("fusermount3"), "fusermount3 is needed: apt-get install fuse3"
+
+
+@pytest.fixture
+def remote(http: RangeServer, request: pytest.FixtureRequest) -> Callable[..., Remote]:
+    """``remote(suffix, size)`` writes a file of random bytes on the range server, named
+    after the test."""
+    prefix = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
+
+    def put(suffix: str, size: int = 1000) -> Remote:
+        name = f"{prefix}-{suffix}.bin"
+        data = random.Random(name).randbytes(size)
+        (http.root / name).write_bytes(data)
+        return Remote(name, f"{http.url}/{name}", data)
+
+    return put

@@ -10,57 +10,22 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Mounted, is_mounted
+from tests.support.remote_files import Remote, write_refs
 from tests.support.servers import RangeServer
 
 FAST = ["--timeout", "2", "--retries", "0"]
 QUICK_OP = 5.0  # seconds an operation that needs no stalled request may take, at most
-
-
-@dataclass
-class Remote:
-    """A data file served by the range server."""
-
-    name: str
-    url: str
-    data: bytes
-
-    @property
-    def path(self) -> str:
-        """The path the server sees (what fault rules match)."""
-        return "/" + self.name
-
-
-@pytest.fixture
-def remote(http: RangeServer, request: pytest.FixtureRequest) -> Callable[..., Remote]:
-    """``remote(suffix, size)`` writes a file of random bytes named after the test."""
-    prefix = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
-
-    def put(suffix: str, size: int = 1000) -> Remote:
-        name = f"{prefix}-{suffix}.bin"
-        data = random.Random(name).randbytes(size)
-        (http.root / name).write_bytes(data)
-        return Remote(name, f"{http.url}/{name}", data)
-
-    return put
-
-
-def write_refs(directory: Path, refs: dict[str, object]) -> Path:
-    path = directory / "refs.json"
-    path.write_text(json.dumps({"version": 1, "refs": refs}))
-    return path
 
 
 def run(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess[bytes]:

@@ -18,7 +18,6 @@ import random
 import re
 import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,45 +26,16 @@ import trio
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher, FetchPolicy
 from tests.conftest import Mounted, is_mounted, refmount_cli
+from tests.support.remote_files import Remote, write_refs
 from tests.support.servers import RangeServer
 
 CACHE = 64 << 20
 CACHE_OPTION = "64M"
 RSS_MARGIN = 200 << 20  # the interpreter, pyarrow, aiohttp and one request's buffers
 EIO = "Input/output error"
+SIZE = 2_000_000  # bytes of each data file
 KEY_OFFSET = 1_000_000  # where a key starts in its target (non-zero: a 200 is then a lie)
 KEY_LENGTH = 300_000
-
-
-@dataclass
-class Target:
-    name: str
-    url: str
-    data: bytes
-
-    @property
-    def path(self) -> str:
-        return "/" + self.name
-
-
-@pytest.fixture
-def target(http: RangeServer, request: pytest.FixtureRequest) -> Callable[[str, int], Target]:
-    """``target(suffix, size)``: a file of random bytes on the server, named after the test."""
-    prefix = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
-
-    def put(suffix: str, size: int = 2_000_000) -> Target:
-        name = f"{prefix}-{suffix}.bin"
-        data = random.Random(name).randbytes(size)
-        (http.root / name).write_bytes(data)
-        return Target(name, f"{http.url}/{name}", data)
-
-    return put
-
-
-def write_refs(directory: Path, refs: dict[str, object]) -> Path:
-    path = directory / "refs.json"
-    path.write_text(json.dumps({"version": 1, "refs": refs}))
-    return path
 
 
 def read(path: Path, tool: str = "cat") -> subprocess.CompletedProcess[bytes]:
@@ -93,7 +63,7 @@ def mount_hostile(
     )  # fmt: skip
 
 
-def assert_alive_and_bounded(m: Mounted, good: Target, key: str = "good") -> None:
+def assert_alive_and_bounded(m: Mounted, good: Remote, key: str = "good") -> None:
     assert m.process.poll() is None, m.log()
     result = read(m.mountpoint / key)
     assert result.returncode == 0, result.stderr
@@ -120,11 +90,11 @@ def test_a_lying_body_is_eio_at_bounded_cost(
     mode: str,
     tool: str,
     mount: Callable[..., Mounted],
-    target: Callable[[str, int], Target],
+    remote: Callable[..., Remote],
     http: RangeServer,
     tmp_path: Path,
 ) -> None:
-    bad, good = target("bad"), target("good")
+    bad, good = remote("bad", SIZE), remote("good", SIZE)
     refs = {
         "bad": [bad.url, KEY_OFFSET, KEY_LENGTH],
         "good": [good.url, KEY_OFFSET, KEY_LENGTH],
@@ -150,13 +120,13 @@ def test_a_lying_body_is_eio_at_bounded_cost(
 def test_a_200_from_byte_zero_is_used_for_its_prefix_only(
     mode: str,
     mount: Callable[..., Mounted],
-    target: Callable[[str, int], Target],
+    remote: Callable[..., Remote],
     http: RangeServer,
     tmp_path: Path,
 ) -> None:
     """A 200 is the whole object from byte 0: for a key at offset 0 its first bytes are
     the right ones, and no more of it than the key needs is read (the huge body is 10 GiB)."""
-    first, good = target("first"), target("good")
+    first, good = remote("first", SIZE), remote("good", SIZE)
     refs = {"first": [first.url, 0, 50_000], "good": [good.url, KEY_OFFSET, KEY_LENGTH]}
     m = mount_hostile(mount, tmp_path, refs)
     http.fault(first.path, mode, count=-1)
@@ -170,11 +140,11 @@ def test_a_200_from_byte_zero_is_used_for_its_prefix_only(
 
 def test_a_size_no_file_can_have_is_eio(
     mount: Callable[..., Mounted],
-    target: Callable[[str, int], Target],
+    remote: Callable[..., Remote],
     http: RangeServer,
     tmp_path: Path,
 ) -> None:
-    whole, good = target("whole", 1000), target("good")
+    whole, good = remote("whole", 1000), remote("good", SIZE)
     refs = {"whole": [whole.url], "good": [good.url, KEY_OFFSET, KEY_LENGTH]}
     m = mount_hostile(mount, tmp_path, refs)
     http.fault(whole.path, "huge-size", count=-1, method="HEAD")
@@ -199,11 +169,11 @@ def test_errors_after_mount_are_eio_or_eacces_never_enoent(
     mode: str,
     message: str,
     mount: Callable[..., Mounted],
-    target: Callable[[str, int], Target],
+    remote: Callable[..., Remote],
     http: RangeServer,
     tmp_path: Path,
 ) -> None:
-    bad, good = target("bad"), target("good")
+    bad, good = remote("bad", SIZE), remote("good", SIZE)
     refs = {
         "range": [bad.url, KEY_OFFSET, KEY_LENGTH],
         "whole": [bad.url],
@@ -298,11 +268,11 @@ def test_flat_options_go_to_the_one_host_of_the_set(
 
 @pytest.mark.parametrize("mode", ["long", "endless", "short", "wrong-range"])
 def test_an_answer_past_the_end_of_the_file_is_no_short_file(
-    mode: str, target: Callable[[str, int], Target], http: RangeServer
+    mode: str, remote: Callable[..., Remote], http: RangeServer
 ) -> None:
     """A read that may end with the file (a block past the file's end) still refuses a
     body longer than its Content-Range: the extra bytes would pass for the file's end."""
-    small = target("small", 50_000)
+    small = remote("small", 50_000)
     fetcher = Fetcher(policy=FetchPolicy(timeout=5, retries=0))
 
     async def main() -> None:

@@ -213,8 +213,22 @@ def test_deep_nesting_is_refused_cleanly(tmp_path: Path, depth: int, container: 
     inner = opening * depth + "1" + container[1] * depth
     path = tmp_path / "deep.json"
     path.write_text('{"k": ' + inner + "}")
-    message = refused(load_in_child(path))
+    outcome = load_in_child(path)
+    if parses(inner):  # Python >= 3.12 parses depths its recursion limit used to refuse
+        assert outcome["keys"] == 1, outcome
+        assert outcome["seconds"] < SECONDS and outcome["peak_mb"] < BASE_MB, outcome
+        return
+    message = refused(outcome)
     assert "maximum recursion depth" in message or "key 'k'" in message
+
+
+def parses(text: str) -> bool:
+    """Whether this interpreter's json module parses ``text`` as an object's value."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return False
+    return isinstance(value, dict)
 
 
 def test_deep_nesting_in_a_set_parsed_in_parts(tmp_path: Path) -> None:

@@ -183,6 +183,8 @@ def _decoder(
 
 def _stage_sizes(stages: tuple[Stage, ...], size: int) -> tuple[int, ...]:
     """Each stage's exact output size, the last stage's being the chunk's."""
+    if not stages:
+        return ()
     sizes = [size]
     for stage in reversed(stages[1:]):
         before = stage.encoded_size(sizes[0])

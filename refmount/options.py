@@ -335,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve arrays' chunks decoded (decompressed, unfiltered, little-endian, C "
         "order) and their metadata rewritten to match, for readers without the codecs "
-        "(see the README's \"Decoded view\")",
+        "(README: Decoded view)",
     )
     g = p.add_argument_group("logging and life cycle")
     g.add_argument(

@@ -90,13 +90,6 @@ class DecodedRefSet(RefSet):
             except ArrayRefused as exc:
                 found = exc
                 log.warning("array %r is left out of the decoded view: %s", path or "/", exc)
-            else:
-                if found.decoder.error is not None:
-                    log.warning(
-                        "array %r: %s; its chunks read as EIO in the decoded view",
-                        path or "/",
-                        found.decoder.error,
-                    )
         self._arrays[path] = found
         return found
 

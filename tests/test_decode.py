@@ -295,3 +295,30 @@ def test_the_view_presents_decoded_sizes_rewritten_metadata_and_leaves_out_strin
     assert zmetadata["metadata"]["v/.zarray"]["compressor"] is None
     assert view.ref(view.file_id("notes.txt")).data == b"plain"
     assert view.file_size(view.file_id("v/.zattrs")) == len(zattrs)
+
+
+def test_check_decode_lists_what_the_view_cannot_decode_or_leaves_out(tmp_path: Path) -> None:
+    from tests.conftest import refmount_cli
+
+    refs = {
+        ".zgroup": '{"zarr_format":2}',
+        "good/.zarray": zarray(compressor={"id": "zlib"}).decode(),
+        "odd/.zarray": zarray(compressor={"id": "imagecodecs_jpeg"}).decode(),
+        "g/text/.zarray": zarray(dtype="|O", filters=[{"id": "vlen-utf8"}]).decode(),
+        "g/text/0": "base64:AAAA",
+    }
+    path = write_refs(tmp_path / "refs.json", refs)
+    plain = refmount_cli("check", str(path))
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    result = refmount_cli("check", "--decode", "--json", str(path))
+    assert result.returncode == 1
+    notes = {note["array"]: note for note in json.loads(result.stdout)["arrays"]}
+    assert {name: note["status"] for name, note in notes.items()} == {
+        "good": "decoded",
+        "odd": "not decoded",
+        "g/text": "left out",
+    }
+    assert "imagecodecs_jpeg" in notes["odd"]["reason"]
+    assert "variable-length" in notes["g/text"]["reason"]
+    text = refmount_cli("check", "--decode", str(path)).stdout
+    assert "1 arrays decoded, 1 not decoded (EIO), 1 left out" in text

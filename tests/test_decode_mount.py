@@ -190,3 +190,35 @@ def test_a_rank0_chunk_written_as_name_slash_is_served_as_name_0(
     assert json.loads(info.stdout)["arrays"]["crs"]["values"] == 7
     raw = mount(path).mountpoint  # the raw view is unchanged: the key is skipped there
     assert sorted(os.listdir(raw / "crs")) == [".zarray", ".zattrs"]
+
+
+def test_leaving_out_a_string_array_lets_ncdump_read_the_rest(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    values = (np.arange(8) / 4).astype(">f8")
+    strings = [b"alpha", b"b", b"", b"delta"]
+    vlen = np.array(strings, dtype=object)
+    refs = {
+        ".zgroup": '{"zarr_format":2}',
+        "v/.zarray": zarray(dtype=">f8", shape=[8], chunks=[8]),
+        "v/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["x"]}),
+        "v/0": inline(zlib.compress(values.tobytes())),
+        "names/.zarray": zarray(
+            dtype="|O", shape=[4], chunks=[4], compressor=None, filters=[{"id": "vlen-bytes"}]
+        ),
+        "names/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["n"]}),
+        "names/0": inline(bytes(__import__("numcodecs").VLenBytes().encode(vlen))),
+    }
+    path = tmp_path / "refs.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    raw = mount(path).mountpoint
+    crashed = subprocess.run(
+        ["ncdump", "-h", f"file://{raw}#mode=zarr,file"], capture_output=True, timeout=120
+    )
+    assert crashed.returncode != 0  # netCDF-C 4.9.0 and a |O array, raw
+    decoded = mount(path, "--decode").mountpoint
+    assert np.array_equal(ncdump_values(decoded, "v"), values.astype("<f4"))
+    info = subprocess.run(
+        ["gdalmdiminfo", "-detailed", str(decoded)], capture_output=True, text=True, check=True
+    )
+    assert list(json.loads(info.stdout)["arrays"]) == ["v"]

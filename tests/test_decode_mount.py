@@ -222,3 +222,16 @@ def test_leaving_out_a_string_array_lets_ncdump_read_the_rest(
         ["gdalmdiminfo", "-detailed", str(decoded)], capture_output=True, text=True, check=True
     )
     assert list(json.loads(info.stdout)["arrays"]) == ["v"]
+
+
+def test_a_parquet_set_is_decoded_too(mount: Callable[..., Mounted], tmp_path: Path) -> None:
+    from tests.support.parquet_sets import refs_to_parquet
+
+    (tmp_path / "air.nc").write_bytes((AIR / "air.nc").read_bytes())
+    refs_to_parquet(json.loads((AIR / "refs.json").read_text()), tmp_path / "refs.parq", 2)
+    decoded = mount(tmp_path / "refs.parq", "--decode", "--allow-local").mountpoint
+    assert np.array_equal(ncdump_values(decoded, "air"), air_values().ravel())
+    consolidated = json.loads((decoded / ".zmetadata").read_text())["metadata"]
+    assert consolidated["air/.zarray"]["filters"] is None
+    group = zarr.open_group(decoded, mode="r", zarr_format=2, use_consolidated=True)
+    assert np.array_equal(group["air"][...], air_values())

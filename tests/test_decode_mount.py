@@ -235,3 +235,40 @@ def test_a_parquet_set_is_decoded_too(mount: Callable[..., Mounted], tmp_path: P
     assert consolidated["air/.zarray"]["filters"] is None
     group = zarr.open_group(decoded, mode="r", zarr_format=2, use_consolidated=True)
     assert np.array_equal(group["air"][...], air_values())
+
+
+def test_remote_chunks_decode_once_for_keys_sharing_a_reference(
+    mount: Callable[..., Mounted], http, tmp_path: Path
+) -> None:
+    import numcodecs
+
+    values = np.linspace(0, 1, 16000, dtype="<f4")
+    codec = numcodecs.Blosc(cname="zstd", shuffle=numcodecs.Blosc.SHUFFLE)
+    chunk = bytes(codec.encode(values))
+    whole = bytes(numcodecs.Zstd().encode(values))
+    name = "decode-shared.bin"
+    (http.root / name).write_bytes(b"x" * 100 + chunk)
+    (http.root / "decode-whole.bin").write_bytes(whole)
+    meta = zarray(dtype="<f4", shape=[16000], chunks=[16000], compressor=codec.get_config())
+    refs = {
+        ".zgroup": '{"zarr_format":2}',
+        "a/.zarray": meta,
+        "a/0": [f"{http.url}/{name}", 100, len(chunk)],
+        "b/.zarray": meta,
+        "b/0": [f"{http.url}/{name}", 100, len(chunk)],
+        "c/.zarray": zarray(dtype="<f4", shape=[16000], chunks=[16000], compressor={"id": "zstd"}),
+        "c/0": [f"{http.url}/decode-whole.bin"],
+        "gone/.zarray": meta,
+        "gone/0": [f"{http.url}/decode-no-such-file.bin", 0, len(chunk)],
+    }
+    path = tmp_path / "refs.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    root = mount(path, "--decode", "--xattrs").mountpoint
+    for key in ("a/0", "b/0", "c/0"):
+        assert (root / key).read_bytes() == values.tobytes(), key
+    stats = json.loads(os.getxattr(root, "user.refmount.stats"))
+    assert stats["decoded_chunks"] == 2  # a/0 and b/0 share one; c/0
+    with pytest.raises(OSError) as failed:
+        (root / "gone" / "0").read_bytes()
+    assert failed.value.errno == errno.EIO
+    assert os.stat(root / "gone" / "0").st_size == 64000

@@ -272,3 +272,26 @@ def test_remote_chunks_decode_once_for_keys_sharing_a_reference(
         (root / "gone" / "0").read_bytes()
     assert failed.value.errno == errno.EIO
     assert os.stat(root / "gone" / "0").st_size == 64000
+
+
+def test_a_reload_keeps_the_decoded_view(mount: Callable[..., Mounted], tmp_path: Path) -> None:
+    import signal
+    import time
+
+    for name in ("air.nc", "refs.json"):
+        (tmp_path / name).write_bytes((AIR / name).read_bytes())
+    mounted = mount(tmp_path / "refs.json", "--decode", "--allow-local")
+    root = mounted.mountpoint
+    first = (root / "air" / "1.0.0").read_bytes()
+    document = json.loads((tmp_path / "refs.json").read_text())
+    document["refs"]["copy/.zarray"] = document["refs"]["air/.zarray"]
+    document["refs"]["copy/0.0.0"] = document["refs"]["air/1.0.0"]
+    (tmp_path / "refs.json").write_text(json.dumps(document))
+    mounted.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 60
+    while not (root / "copy").exists():
+        assert time.monotonic() < deadline, mounted.log()
+        time.sleep(0.05)
+    assert (root / "copy" / "0.0.0").read_bytes() == first
+    assert (root / "air" / "1.0.0").read_bytes() == first
+    assert json.loads((root / "copy" / ".zarray").read_text())["filters"] is None

@@ -344,3 +344,11 @@ def test_nested_chunk_keys_and_overflowing_arrays_in_the_view(tmp_path: Path) ->
     assert view.file_id("huge/0") is None and not view.is_dir("huge")
     assert [c.name for c in view.children("")] == ["n"]
     assert "over the bound" in str(view.array_at("huge"))
+
+
+def test_decode_is_a_flag_and_a_mount_option() -> None:
+    from refmount.options import parse_args
+
+    assert not parse_args(["refs.json", "mnt"]).decode
+    assert parse_args(["--decode", "refs.json", "mnt"]).decode
+    assert parse_args(["-o", "ro,decode", "refs.json", "mnt"]).decode

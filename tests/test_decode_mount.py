@@ -295,3 +295,25 @@ def test_a_reload_keeps_the_decoded_view(mount: Callable[..., Mounted], tmp_path
     assert (root / "copy" / "0.0.0").read_bytes() == first
     assert (root / "air" / "1.0.0").read_bytes() == first
     assert json.loads((root / "copy" / ".zarray").read_text())["filters"] is None
+
+
+def test_a_chunk_bigger_than_the_budget_is_decoded_once_for_its_reader(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    values = np.arange(1 << 20, dtype="<f4")  # 4 MiB decoded, a 1 MiB budget
+    refs = {
+        ".zgroup": '{"zarr_format":2}',
+        "big/.zarray": zarray(dtype="<f4", shape=[1 << 20], chunks=[1 << 20]),
+        "big/0": inline(zlib.compress(values.tobytes())),
+    }
+    path = tmp_path / "refs.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    root = mount(path, "--decode", "--xattrs", "--cache-size", "1M").mountpoint
+    pieces = []
+    with open(root / "big" / "0", "rb", buffering=0) as chunk:  # READs one after another
+        os.posix_fadvise(chunk.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
+        while piece := chunk.read(256 << 10):
+            pieces.append(piece)
+    assert len(pieces) > 1 and b"".join(pieces) == values.tobytes()
+    stats = json.loads(os.getxattr(root, "user.refmount.stats"))
+    assert stats["decoded_chunks"] == 1

@@ -12,7 +12,7 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyfuse3
 import trio
@@ -30,6 +30,9 @@ from refmount.refs import RefSet, open_refset
 from refmount.reload import Reloader
 from refmount.tree import Owner, Tree
 from refmount.tuning import log_fuse_features, tune_kernel
+
+if TYPE_CHECKING:
+    from refmount.decode import DecodedReads
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,8 @@ class Daemon:
     operations: Operations
     cache: BlockCache
     control: ControlServer
+    #: Loads REFS for a reload: the decoded view wraps what it loads.
+    load_set: Callable[[Config], RefSet] = lambda config: load_refset(config)
 
     @classmethod
     def load(cls, config: Config) -> Daemon:
@@ -85,20 +90,28 @@ class Daemon:
         )
         fetcher.confine_flat_options(refset.target_urls())
         cache = BlockCache(fetcher, budget=config.cache_size, extent=refset.url_extent)
+        reads: BlockCache | DecodedReads = cache
+        load: Callable[[Config], RefSet] = load_refset
+        if config.decode:  # the decoded view: a set and reads on top of the raw ones
+            from refmount.decode import DecodedReads  # numpy and numcodecs: only when asked
+
+            decoded = reads = DecodedReads(cache)
+            refset = decoded.view(refset)
+            load = lambda config: decoded.view(load_refset(config))  # noqa: E731
         owner = Owner(config.uid, config.gid, config.umask)
         tree = Tree(refset, owner, fetcher.size, fetcher.known_size)
-        operations = Operations(tree, cache, fetcher.stats, xattrs=config.xattrs)
+        operations = Operations(tree, reads, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
         mountpoint = os.path.realpath(config.mountpoint)
         state = MountState(
             refs=display_url(config.refs),
             mountpoint=mountpoint,
             fetch=fetcher.stats,
-            cache=cache,
+            cache=reads,
             keys=lambda: _key_count(operations.tree.refset),
         )
         operations.read = state.reads.counting(operations.read)  # type: ignore[method-assign]
         control = ControlServer(socket_path(mountpoint, os.geteuid()), state)
-        return cls(config, operations, cache, control)
+        return cls(config, operations, cache, control, load)
 
     def run(self, ready: Callable[[], None], on_error: Callable[[str], None] | None) -> int:
         mountpoint = self.config.mountpoint
@@ -140,7 +153,7 @@ class Daemon:
             self.config,
             self.operations,
             self.cache,
-            load_refset,
+            self.load_set,
             self.control.state.record_reload,
         )
         async with trio.open_nursery() as nursery:
@@ -213,12 +226,15 @@ def load_refset(config: Config, progress: Callable[[str, int, int], None] | None
         allow_local=config.allow_local,
         timeout=config.timeout,
         progress=progress,
+        rank0_chunk_keys=config.decode,
         **options,
     )
 
 
 def _key_count(refset: object) -> int | None:
-    """Keys of a set held in memory; None for one loaded lazily (Parquet)."""
+    """Keys of a set held in memory; None for one loaded lazily (Parquet).  A decoded
+    view counts the keys of the set it presents."""
+    refset = getattr(refset, "raw", refset)
     return len(refset) if hasattr(refset, "__len__") else None
 
 

@@ -249,7 +249,14 @@ class Fetcher:
 
     def _new_backend(self, protocol: str, options: dict[str, Any]) -> Backend:
         """A backend for one scope of a remote protocol."""
-        return make_backend(protocol, options, self.backend)
+        policy = self.policy
+        return make_backend(
+            protocol,
+            options,
+            self.backend,
+            deadline=policy.timeout,
+            threads=2 * policy.max_requests,  # abandoned reads hold theirs a while
+        )
 
     def _options_for(self, protocol: str, scope: str) -> dict[str, Any]:
         """The fsspec storage options of one scope: those given for its protocol, then

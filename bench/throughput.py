@@ -117,6 +117,7 @@ class Setup:
     refmount_args: list[str]
     find_refs: Path
     find_files: int
+    stock_pyfuse3: str | None = None  # a stock pyfuse3 build for refmount.stock
 
 
 @dataclass
@@ -213,7 +214,7 @@ def build(work: Path, sizes: Sizes, data: Path, url: str, args: argparse.Namespa
     find_refs, find_files = find_set(work, sizes.find_keys)
     return Setup(
         sizes, data, refs_path, refs, url, keys, random_lists, work, args.cache_size,
-        args.refmount_args.split(), find_refs, find_files,
+        args.refmount_args.split(), find_refs, find_files, args.stock_pyfuse3,
     )  # fmt: skip
 
 
@@ -342,6 +343,10 @@ def check(got: int, want: int, unit: str = "bytes") -> None:
 def refmount_mount(setup: Setup, refs: Path, mountpoint: Path, name: str) -> Iterator[int]:
     prefix = ["taskset", "-c", "0"] if name == "refmount.1cpu" else []
     command = STOCK_PYFUSE3 if name == "refmount.stock" else REFMOUNT
+    if name == "refmount.stock" and setup.stock_pyfuse3:
+        # A real stock build first on the daemon's path (what `pip install` gives).
+        path = os.pathsep.join([str(Path(setup.stock_pyfuse3).resolve()), str(REPO)])
+        prefix = ["env", f"PYTHONPATH={path}"]
     args = ["--cache-size", setup.budget, *setup.refmount_args]
     log_path = setup.work / f"{name}.log"
     with Mounted(
@@ -726,6 +731,7 @@ def markdown(report: dict[str, Any]) -> str:
         for w in report["workloads"]:
             cells = [cpu_cell(report["sizes"], w, cpu[s][w]) for s in fuse]
             lines.append(f"| {w} | " + " | ".join(cells) + " |")
+        lines.append("")
     allowed = (report["budget_bytes"] + RSS_ALLOWANCE) / MiB
     for name, mib in report["peak_rss_mib"].items():
         if name.startswith("refmount") and "find set" not in name:
@@ -776,6 +782,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", nargs="*", default=[], choices=SYSTEMS)
     parser.add_argument("--workloads", nargs="*", choices=WORKLOADS, help="these only")
     parser.add_argument("--note", help="a note for the report, e.g. 'machine shared'")
+    parser.add_argument(
+        "--stock-pyfuse3",
+        metavar="DIR",
+        help="a stock pyfuse3 (pip install --target DIR --no-binary :all: pyfuse3==3.5.0) for "
+        "refmount.stock; without it, refmount.stock hides the patch's features on the "
+        "patched build (its faster request loop stays)",
+    )
     parser.add_argument(
         "--no-fusectl", action="store_true", help="do not mount fusectl when it is missing"
     )

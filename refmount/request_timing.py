@@ -9,12 +9,13 @@ every N READs logs one line (INFO, logger ``refmount.request_timing``) with, per
   dispatched by pyfuse3) to its return (the reply follows at once, in pyfuse3), split
   into ``tree`` (finding the file's reference) and ``cache`` (the block cache, which
   includes waiting for fetches);
-- ``bridge``: per fetch, the time from its completion on fsspec's asyncio loop thread
-  (where obstore's and fsspec's coroutines run) to the waiting trio task running again;
+- ``bridge``: per fetch through fsspec's asyncio loop thread (fsspec's filesystems, and
+  obstore's size requests; obstore's reads run in trio worker threads instead), the time
+  from its completion there to the waiting trio task running again;
 - CPU per READ of each thread of the process over the window, by thread name
-  (``MainThread``: trio and pyfuse3; ``fsspecIO``: fsspec's asyncio loop, where obstore's
-  and fsspec's coroutines run; ``tokio-rt-worker``: obstore's Rust runtime;
-  ``trio-worker``: trio's worker threads), from ``/proc/self/task``.
+  (``MainThread``: trio and pyfuse3; ``fsspecIO``: fsspec's asyncio loop;
+  ``tokio-rt-worker``: obstore's Rust runtime; ``trio-worker``: trio's worker threads,
+  where obstore's reads run), from ``/proc/self/task``.
 
 When off, nothing is wrapped and the only cost is one ``None`` test per fetch.
 """
@@ -140,8 +141,9 @@ class RequestTimer:
         wall = self.wall_ns
         bridge = wall["bridge"] / self.fetches / 1000 if self.fetches else 0.0
         log.info(
-            "%d READs in %.2f s (%d fetches); per READ, us of wall: read %.0f (tree %.0f, "
-            "cache %.0f); bridge %.0f per fetch; us of CPU per READ: total %.0f (%s)",
+            "%d READs in %.2f s (%d fetches through the asyncio loop); per READ, us of wall: "
+            "read %.0f (tree %.0f, cache %.0f); bridge %.0f per such fetch; us of CPU per "
+            "READ: total %.0f (%s)",
             self.reads, (now - self._since) / 1e9, self.fetches, wall["read"] / reads / 1000,
             wall["tree"] / reads / 1000, wall["cache"] / reads / 1000, bridge,
             sum(cpu.values()), shown_cpu,

@@ -43,7 +43,7 @@ def test_the_timer_logs_a_summary_every_n_reads(
     lines = [line for line in m.log().splitlines() if "READs in" in line]
     assert len(lines) == 2, m.log()  # eight READs, a summary every four
     for line in lines:
-        assert re.search(r"4 READs in [\d.]+ s \(\d+ fetches\)", line), line
+        assert re.search(r"4 READs in [\d.]+ s \(\d+ fetches through", line), line
         assert re.search(r"read \d+ \(tree \d+, cache \d+\)", line), line
         assert "MainThread" in line, line  # CPU per READ, by thread
     assert "request timing on: a summary every 4 READs" in m.log()

@@ -28,6 +28,7 @@ from refmount.progress import LoadProgress
 from refmount.redaction import Scrubber, shown
 from refmount.refs import RefSet, open_refset
 from refmount.reload import Reloader
+from refmount.request_timing import RequestTimer
 from refmount.tree import Owner, Tree
 from refmount.tuning import log_fuse_features, tune_kernel
 
@@ -109,6 +110,9 @@ class Daemon:
             cache=reads,
             keys=lambda: _key_count(operations.tree.refset),
         )
+        timer = RequestTimer.from_environment()  # off unless asked for (profiling)
+        if timer is not None:
+            timer.install(operations)
         operations.read = state.reads.counting(operations.read)  # type: ignore[method-assign]
         control = ControlServer(socket_path(mountpoint, os.geteuid()), state)
         return cls(config, operations, cache, control, load)

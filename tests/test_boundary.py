@@ -215,7 +215,6 @@ def test_a_mount_that_does_not_answer_is_taken_down(
     args = [str(refs), str(mountpoint), "--ready-timeout", "4"]
     if mode == "foreground":
         args.append("-f")
-    start = time.monotonic()
     result = run([sys.executable, "-c", INJECT, fault, *args])
     assert result.returncode == 1, result
     assert "refmount:" in result.stderr, result.stderr
@@ -225,7 +224,6 @@ def test_a_mount_that_does_not_answer_is_taken_down(
     else:
         assert "within 4 s" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr.partition("injected root failure")[2], result.stderr
-    assert time.monotonic() - start < 40
     deadline = time.monotonic() + 20
     while processes_mentioning(str(mountpoint)) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,20 @@ MAKE_SECONDS = 0.5
 
 class SlowToMakeFileSystem(LocalFileSystem):
     """Local files behind a filesystem whose construction blocks, like one whose first
-    use imports a large client library (aiohttp, botocore)."""
+    use imports a large client library (aiohttp, botocore): until ``gate`` is set, or
+    ``MAKE_SECONDS`` when no test holds it."""
 
     protocol = "slowmake"
     made = 0
+    gate: threading.Event | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        time.sleep(MAKE_SECONDS)  # blocking on purpose: an import holds its thread
+        # Blocking on purpose: an import holds its thread.
+        gate = type(self).gate
+        if gate is None:
+            time.sleep(MAKE_SECONDS)
+        else:
+            assert gate.wait(60), "the test never let the filesystem be made"
         type(self).made += 1
         super().__init__(*args, **kwargs)
 
@@ -42,6 +50,7 @@ class SlowToMakeFileSystem(LocalFileSystem):
 def slow_protocol() -> type[SlowToMakeFileSystem]:
     fsspec.register_implementation("slowmake", SlowToMakeFileSystem, clobber=True)
     SlowToMakeFileSystem.made = 0
+    SlowToMakeFileSystem.gate = None
     SlowToMakeFileSystem.clear_instance_cache()
     return SlowToMakeFileSystem
 
@@ -52,25 +61,27 @@ def test_making_a_filesystem_does_not_stall_other_reads(
     data = bytes(range(256)) * 64
     (tmp_path / "a.bin").write_bytes(data)
     fetcher = Fetcher()
-    done: dict[str, float] = {}
+    done: list[str] = []
+    gate = slow_protocol.gate = threading.Event()
 
     async def fetch(name: str, url: str) -> None:
         assert await fetcher.fetch(url, 100, 200) == data[100:200]
-        done[name] = trio.current_time()
+        done.append(name)
 
-    async def main() -> float:
+    async def main() -> None:
         await fetcher.fetch(str(tmp_path / "a.bin"), 0, 1)  # the local filesystem exists
-        start = trio.current_time()
         async with trio.open_nursery() as nursery:
             for k in range(3):  # three readers wait for one filesystem
                 nursery.start_soon(fetch, f"slow{k}", f"slowmake://{tmp_path}/a.bin")
             await trio.sleep(0.05)
-            nursery.start_soon(fetch, "local", str(tmp_path / "a.bin"))
-        return start
+            # Not timed: the filesystem is made only once the local read is done, so the
+            # local read cannot wait for it (it would never end: `gate.wait` fails).
+            await fetch("local", str(tmp_path / "a.bin"))
+            gate.set()
 
-    start = trio.run(main)
-    assert done["local"] - start < MAKE_SECONDS / 2
-    assert min(done[f"slow{k}"] for k in range(3)) - start >= MAKE_SECONDS * 0.9
+    trio.run(main)
+    assert done[0] == "local"
+    assert sorted(done[1:]) == ["slow0", "slow1", "slow2"]
     assert slow_protocol.made == 1
 
 
@@ -80,13 +91,12 @@ def test_prepare_makes_filesystems_before_the_first_read(
     (tmp_path / "a.bin").write_bytes(b"x" * 1000)
     fetcher = Fetcher()
 
-    async def main() -> float:
+    async def main() -> None:
         await fetcher.prepare(["slowmake"])
-        start = trio.current_time()
+        assert slow_protocol.made == 1  # made ahead: the read has nothing to wait for
         assert await fetcher.fetch(f"slowmake://{tmp_path}/a.bin", 10, 20) == b"x" * 10
-        return trio.current_time() - start
 
-    assert trio.run(main) < MAKE_SECONDS / 2
+    trio.run(main)
     assert slow_protocol.made == 1
 
 

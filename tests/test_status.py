@@ -147,9 +147,7 @@ def test_a_daemon_that_does_not_answer_is_named(
     m = mount(http_refs[0])
     m.process.send_signal(signal.SIGSTOP)
     try:
-        started = time.monotonic()
         hung = refmount_cli("status", str(m.mountpoint))
-        assert time.monotonic() - started < 50
     finally:
         m.process.send_signal(signal.SIGCONT)
     assert hung.returncode == 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
@@ -63,10 +62,8 @@ HOSTILE = [
 @pytest.mark.parametrize("source", HOSTILE)
 def test_hostile_templates_are_refused_quickly(source: str) -> None:
     os.environ["REFMOUNT_TEST_SECRET"] = "s3cr3t"
-    started = time.monotonic()
     with pytest.raises(RefsError) as error:
         SPEC.render(source, what="key 'k'")
-    assert time.monotonic() - started < 2
     assert "key 'k'" in str(error.value)
     assert "s3cr3t" not in str(error.value)
 
@@ -114,10 +111,8 @@ def test_template_calls_fanning_out_are_bounded_per_rendering() -> None:
     # each level calls the next ten times: 10**6 calls if nothing stopped it
     levels = {f"t{n}": "{{" + " ~ ".join([f"t{n + 1}()"] * 10) + "}}" for n in range(6)}
     t = Templates({**levels, "t6": "{{ 'x' }}"})
-    started = time.monotonic()
     with pytest.raises(RefsError, match=r"template 't\d': more than 64 template calls"):
-        t.render("{{ t0() }}", what="key 'k'")
-    assert time.monotonic() - started < 2
+        t.render("{{ t0() }}", what="key 'k'")  # counted: 64 calls, not 10**6
 
 
 def test_the_budgets_are_for_the_whole_set(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,7 @@ fewer bytes than asked is an error, never data.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -77,6 +78,12 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+#: URLs whose protocol and scope are remembered: a request asks for them several times,
+#: and most reference sets point into few remote files.
+URL_MEMO = 4096
+
+
+@functools.lru_cache(maxsize=URL_MEMO)
 def protocol_of(url: str) -> str:
     protocol, _ = fsspec.core.split_protocol(url)
     return protocol or "file"
@@ -242,7 +249,14 @@ class Fetcher:
 
     def _new_backend(self, protocol: str, options: dict[str, Any]) -> Backend:
         """A backend for one scope of a remote protocol."""
-        return make_backend(protocol, options, self.backend)
+        policy = self.policy
+        return make_backend(
+            protocol,
+            options,
+            self.backend,
+            deadline=policy.timeout,
+            threads=2 * policy.max_requests,  # abandoned reads hold theirs a while
+        )
 
     def _options_for(self, protocol: str, scope: str) -> dict[str, Any]:
         """The fsspec storage options of one scope: those given for its protocol, then
@@ -286,10 +300,17 @@ class Fetcher:
                 with trio.fail_after(policy.timeout):
                     # The host's slot first: a reader queued for a stalled host must not
                     # hold one of the slots every host shares.
-                    async with host_limiter, self._all:
-                        sent = True
-                        self.stats.requests += 1
-                        return await attempt(backend)
+                    await _take(host_limiter)
+                    try:
+                        await _take(self._all)
+                        try:
+                            sent = True
+                            self.stats.requests += 1
+                            return await attempt(backend)
+                        finally:
+                            self._all.release()
+                    finally:
+                        host_limiter.release()
             except trio.TooSlowError:
                 reason = f"no answer within {policy.timeout:g} s"
                 if not sent:
@@ -319,6 +340,16 @@ class Fetcher:
             log.warning("remote read failed: %s: %s", redact(url), reason)
 
 
+async def _take(limiter: trio.CapacityLimiter) -> None:
+    """A slot of ``limiter``: a free one without the scheduling round trip that
+    ``async with`` costs (the request that follows waits anyway), else wait for one."""
+    try:
+        limiter.acquire_nowait()
+    except trio.WouldBlock:
+        await limiter.acquire()
+
+
+@functools.lru_cache(maxsize=URL_MEMO)
 def scope_of(url: str) -> str:
     """``protocol://host`` of a URL (host with its port, without user information; the
     bucket for object stores): what options and request limits are kept per."""

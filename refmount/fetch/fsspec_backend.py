@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import fsspec
@@ -112,13 +113,21 @@ def _is_s3(fs: Any) -> bool:
     return fs.async_impl and callable(getattr(fs, "_call_s3", None))
 
 
+#: Told, when set, the ``perf_counter_ns`` at which each fetch completed on the asyncio
+#: loop, once its trio task runs again (:mod:`refmount.request_timing`).
+bridge_observer: Callable[[int], None] | None = None
+
+
 async def on_fsspec_loop(coro: Any) -> Any:
     """Await a coroutine on fsspec's asyncio loop; cancelling this cancels it there."""
     future = asyncio.run_coroutine_threadsafe(coro, fsspec.asyn.get_loop())
     token = trio.lowlevel.current_trio_token()
     done = trio.Event()
+    completed_ns = 0
 
     def wake(_: object) -> None:
+        nonlocal completed_ns
+        completed_ns = time.perf_counter_ns()
         with contextlib.suppress(trio.RunFinishedError):
             token.run_sync_soon(done.set)
 
@@ -128,4 +137,6 @@ async def on_fsspec_loop(coro: Any) -> Any:
     except BaseException:
         future.cancel()
         raise
+    if bridge_observer is not None:
+        bridge_observer(completed_ns)
     return future.result()

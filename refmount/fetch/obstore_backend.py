@@ -4,10 +4,17 @@ obstore (Rust's ``object_store`` behind Python bindings) does the requests, and 
 and assembles the bodies, in its own threads without the GIL: the Python left per read
 is a handful of calls, where aiohttp handles every 64 KiB piece of a body in Python.
 
-Its asynchronous calls need an asyncio loop: they run on fsspec's loop thread (the one
-the fsspec backend uses too), with their completion handed to trio through its token,
-so no thread is spent per request, and the fetcher's deadline, by cancelling the asyncio
-task, drops the Rust request and closes its connection.
+Ranged reads use obstore's synchronous calls in trio worker threads (at most
+``threads`` at once): each call releases the GIL while Rust waits and reads, so a read
+costs one hop to a worker and back.  The asynchronous calls would run on fsspec's
+asyncio loop thread, and each of their steps (the request, each piece of the body, its
+end) passes from obstore's runtime through that thread to trio: per 256 KiB read, 0.72
+to 0.85 ms of the daemon's CPU against 0.57 to 0.62 in worker threads (W3 of
+``bench/request_cost.py``, issue 15).  A worker thread cannot be cancelled: when the
+fetcher's deadline passes, the read is abandoned to its thread, and obstore's own total
+timeout (``request_timeout``: the fetcher's deadline plus a second, see ``make_backend``)
+ends the request and closes its connection soon after.  Sizes (HEAD) are rare and stay
+on the asyncio loop.
 
 Bounds: a ranged GET is read as a stream whose pieces are gathered up to one byte more
 than asked for, and dropped there, so a body that is too long (or endless) costs at most
@@ -69,10 +76,27 @@ class ObstoreError(Exception):
         self.status = status
 
 
-def make_backend(protocol: str, options: Mapping[str, Any], choice: str = "auto") -> Backend:
+#: Seconds obstore's own timeout allows beyond the fetcher's deadline: the deadline
+#: answers the reader first, the timeout then ends the abandoned request.
+TIMEOUT_MARGIN = 1.0
+#: Worker threads reading at once, when the fetcher does not say (its request limit,
+#: twice: abandoned reads hold a thread until obstore's timeout ends them).
+READ_THREADS = 128
+
+
+def make_backend(
+    protocol: str,
+    options: Mapping[str, Any],
+    choice: str = "auto",
+    *,
+    deadline: float | None = None,
+    threads: int = READ_THREADS,
+) -> Backend:
     """The backend for a remote protocol: obstore where ``choice`` is ``auto``, the
     protocol is one obstore serves, obstore is installed and every option translates;
-    fsspec otherwise (with one log line saying why, when obstore was possible)."""
+    fsspec otherwise (with one log line saying why, when obstore was possible).
+    ``deadline`` is the fetcher's deadline per attempt (None: none, obstore's default
+    timeout stays), ``threads`` the worker threads obstore may read in at once."""
     fsspec_backend = FsspecBackend(protocol, options)
     if choice == "fsspec" or protocol not in OBSTORE_PROTOCOLS:
         return fsspec_backend
@@ -84,16 +108,26 @@ def make_backend(protocol: str, options: Mapping[str, Any], choice: str = "auto"
     except Untranslatable as exc:
         log.info("%s: byte ranges through fsspec: obstore has no equivalent for %s", protocol, exc)
         return fsspec_backend
-    return ObstoreBackend(protocol, config, fsspec_backend)
+    timeout = None if deadline is None else deadline + TIMEOUT_MARGIN
+    return ObstoreBackend(protocol, config, fsspec_backend, timeout, threads)
 
 
 class ObstoreBackend:
     """One protocol's obstore stores, one per bucket, container or host."""
 
-    def __init__(self, protocol: str, config: StoreConfig, fallback: FsspecBackend) -> None:
+    def __init__(
+        self,
+        protocol: str,
+        config: StoreConfig,
+        fallback: FsspecBackend,
+        request_timeout: float | None = None,
+        threads: int = READ_THREADS,
+    ) -> None:
         self.protocol = protocol
         self.config = config
         self.fallback = fallback
+        self.request_timeout = request_timeout
+        self._threads = trio.CapacityLimiter(threads)
         self._obstore: ModuleType | None = None
         self._stores: dict[str, Any] = {}
         self._making: dict[str, trio.Event] = {}
@@ -106,7 +140,10 @@ class ObstoreBackend:
         store, path = await self._store(target[0]), target[1]
         assert self._obstore is not None
         try:
-            data: bytes = await on_fsspec_loop(_ranged_get(self._obstore, store, path, start, end))
+            data: bytes = await trio.to_thread.run_sync(
+                _ranged_get, self._obstore, store, path, start, end,
+                limiter=self._threads, abandon_on_cancel=True,
+            )  # fmt: skip
         except Exception as exc:
             raise _translated(exc, url) from None
         finally:
@@ -188,8 +225,12 @@ class ObstoreBackend:
         from obstore.store import AzureStore, GCSStore, HTTPStore, S3Store
 
         config = self.config
+        client_options = dict(config.client_options)
+        if self.request_timeout is not None:
+            # Reads run in threads a deadline abandons: the request must end by itself.
+            client_options["timeout"] = f"{round(self.request_timeout * 1000)}ms"
         common: dict[str, Any] = {
-            "client_options": dict(config.client_options),
+            "client_options": client_options,
             "retry_config": dict(RETRY_CONFIG),
         }
         if config.kind == "http":
@@ -209,9 +250,10 @@ class ObstoreBackend:
         return store
 
 
-async def _ranged_get(obstore: ModuleType, store: Any, path: str, start: int, end: int) -> bytes:
+def _ranged_get(obstore: ModuleType, store: Any, path: str, start: int, end: int) -> bytes:
     """Bytes ``[start, end)`` (fewer where the object ends), holding at most one network
-    read more than ``end - start + 1`` bytes.  Runs on fsspec's asyncio loop.
+    read more than ``end - start + 1`` bytes.  Runs in a worker thread (obstore's calls
+    release the GIL while they wait).
 
     The body must be exactly the range the store's Content-Range names (object_store has
     checked that it is the asked one, cut at the object's end), uncompressed.  A 200 (the
@@ -220,16 +262,16 @@ async def _ranged_get(obstore: ModuleType, store: Any, path: str, start: int, en
     range and read only as far as needed."""
     want = end - start
     try:
-        result = await obstore.get_async(store, path, options={"range": (start, end)})
+        result = obstore.get(store, path, options={"range": (start, end)})
     except obstore.exceptions.NotSupportedError:
         if start != 0:
             raise
-        result = await obstore.get_async(store, path)
-        return await _gathered(result, want, exact=False)
-    return await _gathered(result, want, exact=True)
+        result = obstore.get(store, path)
+        return _gathered(result, want, exact=False)
+    return _gathered(result, want, exact=True)
 
 
-async def _gathered(result: Any, want: int, *, exact: bool) -> bytes:
+def _gathered(result: Any, want: int, *, exact: bool) -> bytes:
     """The body of ``result``: exactly its range (``exact``), or its first ``want`` bytes."""
     encoding = result.attributes.get("Content-Encoding", "identity")
     if encoding.strip().lower() != "identity":
@@ -238,7 +280,7 @@ async def _gathered(result: Any, want: int, *, exact: bool) -> bytes:
     expected = min(stop - first, want)
     pieces: list[bytes] = []
     held = 0
-    async for piece in result.stream(min_chunk_size=expected + 1):
+    for piece in result.stream(min_chunk_size=expected + 1):
         pieces.append(piece)
         held += len(piece)
         if held > expected:

@@ -46,8 +46,9 @@ key is given, and S3 on AWS itself with no region given or set in the environmen
 (s3fs asks AWS for a bucket's region; obstore would sign for the wrong one).
 
 Every store also gets refmount's client settings: no retries inside obstore (the
-fetcher retries, under its own deadline) and no total timeout of obstore's own (the
-fetcher's deadline cancels the request); and ``Accept-Encoding: identity`` on every
+fetcher retries, under its own deadline), a total timeout of the fetcher's deadline plus
+a second (reads run in worker threads, which a deadline abandons: the request must end
+by itself; see ``obstore_backend``); and ``Accept-Encoding: identity`` on every
 request (a user's own Accept-Encoding header is dropped): a byte range of a compressed
 encoding is not the range.
 """
@@ -91,7 +92,8 @@ FSSPEC_ONLY = frozenset(
     }
 )
 
-#: Client settings every store gets: the fetcher owns retries and deadlines.
+#: Client settings every store gets: the fetcher owns retries and deadlines (its backend
+#: replaces this timeout with the fetcher's deadline plus a margin).
 CLIENT_DEFAULTS: dict[str, Any] = {"timeout": "86400s"}
 #: Headers every request carries: a ranged read is never of a compressed encoding (its
 #: bytes would be the wrong ones, and a small body could inflate without bound).

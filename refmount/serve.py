@@ -18,6 +18,9 @@ import pyfuse3
 import trio
 
 from refmount.cache import BlockCache
+from refmount.catalog import is_catalog
+from refmount.catalog.catalog import Catalog
+from refmount.catalog.serving import open_catalog
 from refmount.control import ControlServer, MountState, socket_path
 from refmount.display import display_url
 from refmount.fetch import Fetcher, FetchPolicy
@@ -67,22 +70,16 @@ class Daemon:
     operations: Operations
     cache: BlockCache
     control: ControlServer
+    catalog: Catalog | None = None
 
     @classmethod
     def load(cls, config: Config) -> Daemon:
+        if config.catalog or is_catalog(config.refs, config.refs_options, config.timeout):
+            return cls.load_catalog(config)
         notify("STATUS=loading the reference set")
         with LoadProgress.for_command(config.refs) as progress:
             refset = load_refset(config, progress)
-        fetcher = Fetcher(
-            remote_options=config.remote_options,
-            backend=config.fetch_backend,
-            policy=FetchPolicy(
-                timeout=config.timeout,
-                retries=config.retries,
-                max_requests=config.max_requests,
-                max_requests_per_host=config.max_requests_per_host,
-            ),
-        )
+        fetcher = _fetcher(config)
         fetcher.confine_flat_options(refset.target_urls())
         cache = BlockCache(fetcher, budget=config.cache_size, extent=refset.url_extent)
         owner = Owner(config.uid, config.gid, config.umask)
@@ -99,6 +96,30 @@ class Daemon:
         operations.read = state.reads.counting(operations.read)  # type: ignore[method-assign]
         control = ControlServer(socket_path(mountpoint, os.geteuid()), state)
         return cls(config, operations, cache, control)
+
+    @classmethod
+    def load_catalog(cls, config: Config) -> Daemon:
+        """REFS is a catalog (:mod:`refmount.catalog`): list it; sets load when used."""
+        notify("STATUS=listing the catalog")
+        fetcher = _fetcher(config)
+        fetcher.confine_flat_options(None)  # flat options: no one host to bind them to
+        owner = Owner(config.uid, config.gid, config.umask)
+        catalog, tree = open_catalog(config, fetcher, owner, load_refset)
+        cache = BlockCache(fetcher, budget=config.cache_size, extent=catalog.url_extent)
+        operations = Operations(tree, cache, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
+        catalog.kernel = operations
+        mountpoint = os.path.realpath(config.mountpoint)
+        state = MountState(
+            refs=display_url(config.refs),
+            mountpoint=mountpoint,
+            fetch=fetcher.stats,
+            cache=cache,
+            keys=catalog.key_count,
+            catalog=catalog.status,
+        )
+        operations.read = state.reads.counting(operations.read)  # type: ignore[method-assign]
+        control = ControlServer(socket_path(mountpoint, os.geteuid()), state)
+        return cls(config, operations, cache, control, catalog)
 
     def run(self, ready: Callable[[], None], on_error: Callable[[str], None] | None) -> int:
         mountpoint = self.config.mountpoint
@@ -131,7 +152,10 @@ class Daemon:
             return 1
         finally:
             pyfuse3.close(unmount=True)
-            self.operations.tree.refset.close()
+            if self.catalog is not None:
+                self.catalog.close()
+            else:
+                self.operations.tree.refset.close()
             self.cache.fetcher.close()
             log.info("unmounted %s", mountpoint)
 
@@ -146,11 +170,17 @@ class Daemon:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.cache.run)
             await nursery.start(self.control.run)
-            nursery.start_soon(self._on_signals, nursery.cancel_scope, reloader)
             nursery.start_soon(self._announce_when_ready, ready)
-            nursery.start_soon(reloader.run)
-            if self.config.reload_interval is not None:
-                nursery.start_soon(reloader.poll, self.config.reload_interval)
+            if self.catalog is not None:  # SIGHUP refreshes the catalog, which reloads
+                await nursery.start(self.catalog.run)
+                nursery.start_soon(
+                    self._on_signals, nursery.cancel_scope, self.catalog.request_refresh
+                )
+            else:
+                nursery.start_soon(self._on_signals, nursery.cancel_scope, reloader.request)
+                nursery.start_soon(reloader.run)
+                if self.config.reload_interval is not None:
+                    nursery.start_soon(reloader.poll, self.config.reload_interval)
             # Requests in flight may exceed the kernel's background limit (reads) plus
             # foreground ones (lookups): leave room for both.
             await pyfuse3.main(max_tasks=self.config.max_background * 2 + 16)
@@ -180,9 +210,10 @@ class Daemon:
         notify(f"READY=1\nSTATUS=serving {shown(self.config.refs)}")
         self._ready = True
         ready()
-        await self.cache.fetcher.prepare(sorted(self.operations.tree.refset.protocols()))
+        if self.catalog is None:  # a catalog's sets prepare theirs as they load
+            await self.cache.fetcher.prepare(sorted(self.operations.tree.refset.protocols()))
 
-    async def _on_signals(self, scope: trio.CancelScope, reloader: Reloader) -> None:
+    async def _on_signals(self, scope: trio.CancelScope, reload: Callable[[], None]) -> None:
         """Reload on SIGHUP.  Unmount on SIGINT or SIGTERM: requests in flight get a short
         grace, then are cancelled, so a read waiting on a stalled store does not hold up
         the stop."""
@@ -190,7 +221,7 @@ class Daemon:
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     log.info("received SIGHUP: reloading")
-                    reloader.request()
+                    reload()
                     continue
                 log.info("received %s: unmounting", signal.Signals(signum).name)
                 notify("STOPPING=1")
@@ -214,6 +245,19 @@ def load_refset(config: Config, progress: Callable[[str, int, int], None] | None
         timeout=config.timeout,
         progress=progress,
         **options,
+    )
+
+
+def _fetcher(config: Config) -> Fetcher:
+    return Fetcher(
+        remote_options=config.remote_options,
+        backend=config.fetch_backend,
+        policy=FetchPolicy(
+            timeout=config.timeout,
+            retries=config.retries,
+            max_requests=config.max_requests,
+            max_requests_per_host=config.max_requests_per_host,
+        ),
     )
 
 

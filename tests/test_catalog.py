@@ -340,3 +340,20 @@ def test_a_catalog_on_http_index_pages(tmp_path: Path, mount: Callable[..., Moun
             assert cat(root / f"s{n:04d}" / "v" / "0") == data[n * CHUNK : (n + 1) * CHUNK]
         assert loads(m) == 1 + len(range(0, count, 97))
         assert len(status(m)["catalog"]["loaded"]) <= 5
+
+
+def test_check_walks_every_set_of_a_catalog(local_catalog: tuple[Path, bytes]) -> None:
+    src, _ = local_catalog
+    done = subprocess.run(
+        [*REFMOUNT, "check", "--json", str(src)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1, done.stderr  # a broken set and a clash
+    report = json.loads(done.stdout)
+    assert report["catalog"] and not report["ok"]
+    assert sorted(report["sets"]) == ["broken", "run0", "run2", "sub/run1"]
+    assert report["sets"]["run0"]["ok"] and report["sets"]["run0"]["keys"] == 4
+    assert report["sets"]["run2"]["format"] == "Parquet"
+    assert not report["sets"]["broken"]["loaded"]
+    assert any("twin" in problem for problem in report["problems"])
+    shown = subprocess.run([*REFMOUNT, "check", str(src)], capture_output=True, text=True)
+    assert "summary: 3 of 4 sets fine" in shown.stdout

@@ -11,6 +11,7 @@ from refmount.catalog import source
 from refmount.catalog.catalog import Catalog
 from refmount.catalog.sets import TreeFactory
 from refmount.catalog.view import CatalogTree
+from refmount.errors import RefsError
 from refmount.fetch import Fetcher
 from refmount.options import Config
 from refmount.redaction import shown
@@ -61,4 +62,10 @@ def open_catalog(
         prepare=fetcher.prepare,
     )
     catalog.start()
+    if not catalog.plan.sets and not config.catalog:
+        raise RefsError(
+            f"{shown(config.refs)}: a directory without .zmetadata and without reference "
+            "sets below it: neither a Parquet reference set nor a catalog of sets "
+            "(--catalog mounts it anyway, empty until sets arrive)"
+        )
     return catalog, CatalogTree(catalog, owner, fetcher.size)

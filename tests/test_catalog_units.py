@@ -4,6 +4,7 @@ the listing's TTL, listing a local source, and loading a set once for many calle
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from refmount.catalog.ttl import Expiring
 from refmount.catalog.view import CatalogTree
 from refmount.errors import FetchError
 from refmount.refs import RefSet, open_refset
-from refmount.tree import FILE_BASE, GENERATION_SPAN, ROOT_INODE, Owner, Tree
+from refmount.tree import FILE_BASE, GENERATION_SPAN, ROOT_INODE, Owner, StaleInode, Tree
 
 
 def found(source: str, parquet: bool = False) -> Found:
@@ -274,3 +275,47 @@ def test_a_broken_set_fails_alone_and_waits_before_trying_again(tmp_path: Path) 
 
     trio.run(main)
     assert loads.count(str(tmp_path / "bad.json")) == 1  # within its back-off: not again
+
+
+def test_a_refresh_adds_removes_and_reloads_changed_sets(tmp_path: Path) -> None:
+    write_set(tmp_path / "a.json", {"k": "old", "same": "s"})
+    write_set(tmp_path / "b.json", {"k": "b"})
+    write_set(tmp_path / "c.json", {"k": "c"})
+    loads: list[str] = []
+    catalog, view = make_catalog(tmp_path, 1, loads)
+
+    async def main() -> None:
+        a = await view.lookup(ROOT_INODE, "a")
+        assert a is not None
+        k, same = await view.lookup(a, "k"), await view.lookup(a, "same")
+        assert k is not None and same is not None
+        assert (await view.ref(k)).data == b"old"
+        b = await view.lookup(ROOT_INODE, "b")  # loading b unloads a (one loaded at most)
+        assert b is not None and await view.lookup(b, "k") is not None
+        assert catalog.sets["a"].tree is None
+        c = await view.lookup(ROOT_INODE, "c")
+        assert c is not None and await view.lookup(c, "k") is not None  # c loaded, b not
+
+        write_set(tmp_path / "a.json", {"k": "new", "same": "s"})  # a: unloaded, changed
+        write_set(tmp_path / "c.json", {"k": "c2"})  # c: loaded, changed
+        write_set(tmp_path / "d.json", {"k": "d"})
+        (tmp_path / "b.json").unlink()
+        await catalog.refresh()
+        assert sorted(e.name for e in await view.listing(ROOT_INODE)) == ["a", "c", "d"]
+        assert await view.lookup(ROOT_INODE, "b") is None
+        with pytest.raises(StaleInode):
+            await view.lookup(b, "k")
+        c_k = await view.lookup(c, "k")
+        assert c_k is not None and (await view.ref(c_k)).data == b"c2"  # reloaded in place
+        assert catalog.sets["c"].generation == 1
+        # a was unloaded when it changed: loaded again as its next generation, its old
+        # file inodes stale, its directories kept.
+        new_k = await view.lookup(a, "k")
+        assert new_k is not None and new_k != k and (await view.ref(new_k)).data == b"new"
+        assert (await view.ref(k)).data == b"old"  # a request begun before: the old tree
+        catalog._close_retired(time.monotonic() + 3600)  # once the old trees are closed
+        with pytest.raises(StaleInode):
+            await view.ref(k)
+        assert (await view.ref(new_k)).data == b"new"
+
+    trio.run(main)

@@ -124,13 +124,12 @@ class CatalogSet:
         log.info("catalog: unloaded set %s", self.path)
         return tree
 
-    def replace(self, new: Tree) -> Tree | None:
-        """Swap in a reloaded tree; returns the old one (kept among the retired)."""
+    def replace(self, new: Tree) -> None:
+        """Swap in a reloaded tree (the old one kept among the retired)."""
         old, self.tree = self.tree, new
         self.generation = new.generation
         if old is not None:
             self.retired.append(old)
-        return old
 
     def key_count(self) -> int | None:
         tree = self.tree

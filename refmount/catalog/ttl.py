@@ -23,13 +23,5 @@ class Expiring(Generic[T]):
         self._since = self._clock()
 
     @property
-    def value(self) -> T | None:
-        """The last value, fresh or not (``None`` before the first)."""
-        return self._value
-
-    @property
     def fresh(self) -> bool:
         return self._value is not None and self._clock() - self._since < self.ttl
-
-    def expire(self) -> None:
-        self._since = self._clock() - self.ttl

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import stat
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 from refmount.catalog.catalog import Catalog
 from refmount.catalog.inodes import RANGE_BITS
@@ -23,7 +23,9 @@ from refmount.tree import ROOT_INODE, Entry, Node, Owner, StaleInode, Tree, ref_
 class CatalogTree:
     """Tree-shaped view of a :class:`Catalog` for :class:`refmount.fuse_ops.Operations`."""
 
-    def __init__(self, catalog: Catalog, owner: Owner, remote_size: object) -> None:
+    def __init__(
+        self, catalog: Catalog, owner: Owner, remote_size: Callable[[str], Awaitable[int]]
+    ) -> None:
         self.catalog = catalog
         self.owner = owner
         self._remote_size = remote_size
@@ -155,7 +157,7 @@ class CatalogTree:
             return await self._answering(item, local).ref(local)
 
     async def size(self, ref: Ref) -> int:
-        return await ref_size(ref, self._remote_size)  # type: ignore[arg-type]
+        return await ref_size(ref, self._remote_size)
 
     def listed_size(self, inode: int) -> int | None:
         item, local = self._set(inode)
@@ -172,11 +174,6 @@ class CatalogTree:
         async with self._using(inode) as (item, local, _tree):
             node = await self._answering(item, local).node(local)
             return Node(inode, node.mode, node.nlink, node.size)
-
-    # -- what the daemon asks ------------------------------------------------------------
-
-    def protocols(self) -> set[str]:
-        return set()
 
 
 def _translated(entries: Iterator[Entry], item: CatalogSet) -> Iterator[Entry]:

@@ -88,6 +88,7 @@ class Catalog:
         send, self._invalidations = trio.open_memory_channel[tuple[str, Any]](PENDING_INVALIDATIONS)
         self._send_invalidation = send
         self._retiring: list[tuple[float, Tree]] = []
+        self._serving = False  # before, the kernel knows nothing to invalidate
 
     # -- the listing ----------------------------------------------------------------------
 
@@ -289,6 +290,7 @@ class Catalog:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._invalidating)
             nursery.start_soon(self._closing)
+            self._serving = True
             task_status.started()
             while True:
                 with trio.move_on_after(self.listing.ttl):
@@ -305,10 +307,12 @@ class Catalog:
             self._close_retired(time.monotonic())
 
     def _invalidate(self, kind: str, what: Any) -> None:
+        if not self._serving:
+            return
         try:
             self._send_invalidation.send_nowait((kind, what))
         except trio.WouldBlock:
-            log.debug("catalog: too many invalidations pending; dropped %s %r", kind, what)
+            log.warning("catalog: too many invalidations pending; dropped %s %r", kind, what)
 
     async def _invalidating(self) -> None:
         async for kind, what in self._invalidations:

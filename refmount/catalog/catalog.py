@@ -89,6 +89,7 @@ class Catalog:
         self._send_invalidation = send
         self._retiring: list[tuple[float, Tree]] = []
         self._serving = False  # before, the kernel knows nothing to invalidate
+        self._prepared: set[str] = set()  # protocols the fetcher was readied for
 
     # -- the listing ----------------------------------------------------------------------
 
@@ -205,8 +206,10 @@ class Catalog:
             if item not in self.loaded:
                 self.loads += 1
                 self.loaded.touch(item)
-                if self._prepare is not None:
-                    await self._prepare(sorted(tree.refset.protocols()))
+                new_protocols = tree.refset.protocols() - self._prepared
+                if self._prepare is not None and new_protocols:
+                    self._prepared |= new_protocols
+                    await self._prepare(sorted(new_protocols))
             self._evict(keep=item)
         self.loaded.touch(item)
         return tree

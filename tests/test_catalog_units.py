@@ -4,6 +4,7 @@ the listing's TTL, listing a local source, and loading a set once for many calle
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -316,5 +317,28 @@ def test_a_refresh_adds_removes_and_reloads_changed_sets(tmp_path: Path) -> None
         with pytest.raises(StaleInode):
             await view.ref(k)
         assert (await view.ref(new_k)).data == b"new"
+
+    trio.run(main)
+
+
+def test_a_set_changed_while_unloaded_is_a_new_generation_unseen_by_the_listing(
+    tmp_path: Path,
+) -> None:
+    write_set(tmp_path / "a.json", {"k": "old"})
+    write_set(tmp_path / "b.json", {"k": "b"})
+    catalog, view = make_catalog(tmp_path, 1, [])
+
+    async def main() -> None:
+        a = await view.lookup(ROOT_INODE, "a")
+        b = await view.lookup(ROOT_INODE, "b")
+        assert a is not None and b is not None
+        k = await view.lookup(a, "k")
+        assert k is not None and (await view.ref(k)).data == b"old"
+        assert await view.lookup(b, "k") is not None  # unloads a
+        write_set(tmp_path / "a.json", {"k": "new"})
+        os.utime(tmp_path / "a.json", (1, 1))  # no refresh: only the load sees it
+        new_k = await view.lookup(a, "k")
+        assert new_k is not None and new_k != k and (await view.ref(new_k)).data == b"new"
+        assert catalog.sets["a"].generation == 1
 
     trio.run(main)

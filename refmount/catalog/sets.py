@@ -53,6 +53,7 @@ class CatalogSet:
     loading: trio.Event | None = None
     busy: int = 0
     asked_signature: tuple[str, ...] | None = None  # when the listing tells none
+    loaded_mtime: float | None = None  # of the refs file last loaded
 
     @property
     def path(self) -> str:
@@ -99,6 +100,11 @@ class CatalogSet:
             log.info("catalog: %s (tried again after %g s)", self.error, backoff)
 
     def _loaded(self, refset: RefSet, make_tree: TreeFactory) -> None:
+        # A refs file changed since it was last loaded, whatever the listing said (an
+        # index page says nothing): its file ids may name other keys now.
+        if self.loaded_mtime is not None and refset.mtime != self.loaded_mtime:
+            self.changed = True
+        self.loaded_mtime = refset.mtime
         directories = self.directories
         if self.changed:
             self.generation += 1
@@ -128,6 +134,7 @@ class CatalogSet:
         """Swap in a reloaded tree (the old one kept among the retired)."""
         old, self.tree = self.tree, new
         self.generation = new.generation
+        self.loaded_mtime = new.refset.mtime
         if old is not None:
             self.retired.append(old)
 

@@ -170,14 +170,13 @@ class Daemon:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.cache.run)
             await nursery.start(self.control.run)
+            # SIGHUP refreshes a catalog (which reloads its changed sets), else reloads.
+            reload = reloader.request if self.catalog is None else self.catalog.request_refresh
+            nursery.start_soon(self._on_signals, nursery.cancel_scope, reload)
             nursery.start_soon(self._announce_when_ready, ready)
-            if self.catalog is not None:  # SIGHUP refreshes the catalog, which reloads
+            if self.catalog is not None:
                 await nursery.start(self.catalog.run)
-                nursery.start_soon(
-                    self._on_signals, nursery.cancel_scope, self.catalog.request_refresh
-                )
             else:
-                nursery.start_soon(self._on_signals, nursery.cancel_scope, reloader.request)
                 nursery.start_soon(reloader.run)
                 if self.config.reload_interval is not None:
                     nursery.start_soon(reloader.poll, self.config.reload_interval)

@@ -211,6 +211,7 @@ def test_sets_added_replaced_and_removed_under_a_running_mount(
     assert run("stat", str(root / "c")).returncode != 0  # the kernel may cache it as missing
     kept = os.stat(root / "a" / "name").st_ino
     opened = open(root / "a" / "v" / "0", "rb")  # noqa: SIM115 - held across the reload
+    removed = open(root / "b" / "v" / "0", "rb")  # noqa: SIM115 - held across the removal
     try:
         (src / "c.json").write_bytes(refs_doc(url, 2))
         (src / "b.json").unlink()
@@ -226,8 +227,10 @@ def test_sets_added_replaced_and_removed_under_a_running_mount(
         assert b"No such file" in run("stat", str(root / "b")).stderr
         assert os.stat(root / "a" / "name").st_ino == kept  # unchanged key: same inode
         assert opened.read() == data[:CHUNK]  # opened before: the bytes it opened
+        assert removed.read() == data[CHUNK : 2 * CHUNK]  # its set is gone: still its bytes
     finally:
         opened.close()
+        removed.close()
     assert "catalog: reloaded set a" in m.log()
 
 

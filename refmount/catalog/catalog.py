@@ -221,7 +221,7 @@ class Catalog:
     def _unload(self, item: CatalogSet, *, forget: bool) -> None:
         tree = item.unload()
         if tree is not None:
-            self._retire(tree, UNLOADED_SECONDS)
+            self._retire(tree, RETIRE_SECONDS if item.removed else UNLOADED_SECONDS)
         if forget:
             parent, _, name = item.path.rpartition("/")
             self._invalidate("entry", (self.dirs.inode(parent), name))

@@ -49,8 +49,10 @@ class CatalogTree:
         return item, item.inodes.to_local(inode)
 
     def _set(self, inode: int) -> tuple[CatalogSet, int]:
+        """The set of an inode and its inode there (a removed set's too: its trees
+        answer a while for files opened before)."""
         item, local = self._owner(inode)
-        if item is None or local is None or item.removed:
+        if item is None or local is None:
             raise StaleInode(inode)
         return item, local
 
@@ -58,6 +60,8 @@ class CatalogTree:
     async def _using(self, inode: int) -> AsyncIterator[tuple[CatalogSet, int, Tree]]:
         """The set of ``inode``, loaded, and kept from being unloaded meanwhile."""
         item, local = self._set(inode)
+        if item.removed:
+            raise StaleInode(inode)
         item.busy += 1
         try:
             yield item, local, await self.catalog.tree(item)
@@ -153,6 +157,9 @@ class CatalogTree:
         return tree.refset.mtime if tree is not None else self.catalog.mtime
 
     async def ref(self, inode: int) -> Ref:
+        item, local = self._set(inode)
+        if item.removed:  # a file opened before reads on a while, as after a reload
+            return await self._answering(item, local).ref(local)
         async with self._using(inode) as (item, local, _tree):
             return await self._answering(item, local).ref(local)
 

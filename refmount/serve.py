@@ -117,6 +117,7 @@ class Daemon:
             keys=catalog.key_count,
             catalog=catalog.status,
         )
+        catalog.record = state.record_reload
         operations.read = state.reads.counting(operations.read)  # type: ignore[method-assign]
         control = ControlServer(socket_path(mountpoint, os.geteuid()), state)
         return cls(config, operations, cache, control, catalog)

@@ -254,6 +254,8 @@ def test_sighup_refreshes_the_whole_catalog(tmp_path: Path, mount: Callable[...,
     eventually(lambda: sorted(os.listdir(root)) == ["a", "new"], "the new set")
     eventually(lambda: cat(root / "a" / "v" / "0") == data[CHUNK : 2 * CHUNK], "a reloaded")
     assert cat(root / "new" / "v" / "0") == data[2 * CHUNK : 3 * CHUNK]
+    last = status(m)["last_reload"]
+    assert last["ok"] and last["message"] == "2 sets listed"
     assert m.process.poll() is None
 
 

@@ -81,6 +81,8 @@ class Catalog:
         self.mtime = time.time()
         self.loads = 0
         self.kernel: Kernel | None = None
+        #: hears how each SIGHUP refresh ended (``refmount status``'s last reload)
+        self.record: Callable[..., None] | None = None
         self._reported: set[str] = set()
         self._refreshing: trio.Event | None = None
         self._wanted = trio.Event()
@@ -103,10 +105,14 @@ class Catalog:
         if not self.listing.fresh:
             await self.refresh()
 
-    async def refresh(self, *, reload_all: bool = False) -> None:
-        if self._refreshing is not None:
+    async def refresh(self, *, reload_all: bool = False) -> str | None:
+        """List the source again and apply what changed; returns why it failed, or None.
+        One at a time: a caller that finds one under way waits for it (and, to reload
+        every loaded set, then makes its own)."""
+        while self._refreshing is not None:
             await self._refreshing.wait()
-            return
+            if not reload_all:
+                return None
         self._refreshing = trio.Event()
         try:
             try:
@@ -116,8 +122,9 @@ class Catalog:
                     "catalog: cannot list %s, keeping the last listing: %s", self.source, exc
                 )
                 self.listing.set(self.plan)  # asked again after the TTL, not at every request
-                return
+                return str(exc)
             await self._reload_changed(self._apply(plan(found)), reload_all)
+            return None
         finally:
             self._refreshing.set()
             self._refreshing = None
@@ -302,7 +309,10 @@ class Catalog:
                 reload_all, self._reload_all = self._reload_all, False
                 if reload_all:
                     log.info("catalog: refreshing %s", self.source)
-                await self.refresh(reload_all=reload_all)
+                error = await self.refresh(reload_all=reload_all)
+                if reload_all and self.record is not None:
+                    message = error or f"{len(self.plan.sets):,} sets listed"
+                    self.record(ok=error is None, message=message)
 
     async def _closing(self) -> None:
         while True:

@@ -97,6 +97,7 @@ class Config:
     catalog: bool = False
     catalog_ttl: float = 60.0
     max_loaded_sets: int = 64
+    catalog_memory: int = 1 << 30
 
 
 def parse_size(text: str) -> int:
@@ -275,6 +276,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="sets of a catalog kept loaded; the least recently used idle ones are "
         "unloaded past this (default %(default)s)",
+    )
+    g.add_argument(
+        "--catalog-memory",
+        type=memory_size,
+        default=Config.catalog_memory,
+        metavar="SIZE",
+        help="memory the indexes of a catalog's loaded sets may hold, besides "
+        "--cache-size; idle sets are unloaded past it "
+        f"(default {human_size(Config.catalog_memory)})",
     )
     g = p.add_argument_group("reading")
     g.add_argument(

@@ -176,6 +176,7 @@ def _catalog_rows(catalog: dict[str, Any] | None) -> list[tuple[str, str]]:
     rows = [
         ("sets", f"{catalog.get('sets', 0):,} ({catalog.get('loads', 0):,} loads)"),
         ("loaded sets", f"{len(loaded)} of at most {catalog.get('max_loaded')}: {shown or '-'}"),
+        ("loaded indexes", _size(catalog.get("loaded_bytes", 0))),
     ]
     for name, error in sorted(catalog.get("errors", {}).items()):
         rows.append(("load error", f"{name}: {error}"))

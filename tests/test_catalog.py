@@ -362,3 +362,24 @@ def test_check_walks_every_set_of_a_catalog(local_catalog: tuple[Path, bytes]) -
     assert any("twin" in problem for problem in report["problems"])
     shown = subprocess.run([*REFMOUNT, "check", str(src)], capture_output=True, text=True)
     assert "summary: 3 of 4 sets fine" in shown.stdout
+
+
+def test_loaded_sets_stay_within_catalog_memory(
+    tmp_path: Path, mount: Callable[..., Mounted]
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    data = data_for(8)
+    (tmp_path / "data.bin").write_bytes(data)
+    url = str(tmp_path / "data.bin")
+    for n in range(8):
+        doc = json.loads(refs_doc(url, n))
+        doc["refs"].update({f"pad/{i}": [url, 0, 1] for i in range(10_000)})
+        (src / f"big{n}.json").write_text(json.dumps(doc))
+    m = mount(src, "--catalog-memory", "1M")
+    for n in range(8):
+        assert cat(m.mountpoint / f"big{n}" / "v" / "0") == data[n * CHUNK : (n + 1) * CHUNK]
+        state = status(m)["catalog"]
+        assert 0 < state["loaded_bytes"] <= 1 << 20, state
+        assert len(state["loaded"]) < 8
+    assert loads(m) == 8 and len(status(m)["catalog"]["loaded"]) <= 3

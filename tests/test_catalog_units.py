@@ -124,6 +124,29 @@ def test_least_recently_used_idle_sets_go_first() -> None:
     assert len(loaded) == 2 and "c" in loaded and "e" in loaded
 
 
+def test_sets_are_unloaded_past_the_bytes_their_indexes_hold() -> None:
+    loaded: LoadedSets[str] = LoadedSets(10, max_bytes=100)
+    loaded.touch("a", 60)
+    loaded.touch("b", 30)
+    assert loaded.over_limit(busy=lambda k: False) == []
+    loaded.touch("c", 50)
+    assert loaded.over_limit(busy=lambda k: False, keep="c") == ["a"]
+    assert loaded.nbytes == 80
+    loaded.touch("b")  # used again: its size stays
+    loaded.touch("d", 40)
+    assert loaded.over_limit(busy=lambda k: k == "c") == ["b"]
+    assert loaded.nbytes == 90 and list(loaded) == ["c", "d"]
+
+
+def test_a_json_set_tells_the_bytes_its_index_holds(tmp_path: Path) -> None:
+    small = open_refset(str(write_set(tmp_path / "s.json", {"k": "v"})), timeout=10)
+    keys = {f"a/{n}": [f"s3://b/f{n % 7}", n, 10] for n in range(10_000)}
+    large = open_refset(str(write_set(tmp_path / "l.json", keys)), timeout=10)
+    small_bytes, large_bytes = small.memory_bytes(), large.memory_bytes()
+    assert small_bytes is not None and large_bytes is not None
+    assert 0 < small_bytes < 10_000 < 10_000 * 20 < large_bytes < 10_000 * 200
+
+
 def test_a_listing_is_fresh_for_its_ttl() -> None:
     now = [100.0]
     listing: Expiring[str] = Expiring(5.0, clock=lambda: now[0])

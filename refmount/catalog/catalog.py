@@ -8,10 +8,12 @@ exist (it may cache them as missing), directory attributes; a loaded set whose r
 changed is reloaded as a single mount reloads on SIGHUP (``refmount.reload``): open
 files keep their bytes, changed keys get new inodes, unchanged ones keep theirs.
 
-At most ``max_loaded`` sets stay loaded: past that, the least recently used idle ones are
-unloaded and the kernel told to forget their entries.  Invalidations run in a worker
-thread, never on the serving loop: ``invalidate_entry`` waits for requests on that
-directory, which the loop serves.
+At most ``max_loaded`` sets stay loaded, their indexes holding at most
+``max_loaded_bytes`` (as far as sets can tell: a Parquet set's records are bounded by
+its own cache): past that, the least recently used idle ones are unloaded and the
+kernel told to forget their entries.  Invalidations run in a worker thread, never on
+the serving loop: ``invalidate_entry`` waits for requests on that directory, which the
+loop serves.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class Catalog:
         *,
         ttl: float,
         max_loaded: int,
+        max_loaded_bytes: int | None = None,
         signature: Callable[[str], tuple[str, ...]] | None = None,
         prepare: Callable[[Iterable[str]], Any] | None = None,
     ) -> None:
@@ -75,7 +78,7 @@ class Catalog:
         self.ranges = Ranges()
         self.dirs = CatalogDirs()
         self.sets: dict[str, CatalogSet] = {}
-        self.loaded: LoadedSets[CatalogSet] = LoadedSets(max_loaded)
+        self.loaded: LoadedSets[CatalogSet] = LoadedSets(max_loaded, max_loaded_bytes)
         self.plan = Plan()
         self.listing: Expiring[Plan] = Expiring(ttl)
         self.mtime = time.time()
@@ -212,7 +215,7 @@ class Catalog:
             tree = await item.load(self._load, self._make_tree)
             if item not in self.loaded:
                 self.loads += 1
-                self.loaded.touch(item)
+                self.loaded.touch(item, tree.refset.memory_bytes() or 0)
                 new_protocols = tree.refset.protocols() - self._prepared
                 if self._prepare is not None and new_protocols:
                     self._prepared |= new_protocols
@@ -356,6 +359,7 @@ class Catalog:
             "sets": len(self.plan.sets),
             "loaded": {s.path: s.key_count() for s in self.loaded},
             "max_loaded": self.loaded.limit,
+            "loaded_bytes": self.loaded.nbytes,
             "loads": self.loads,
             "errors": errors,
             "problems": len(self.plan.problems),

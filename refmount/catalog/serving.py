@@ -58,6 +58,7 @@ def open_catalog(
         make_tree or tree,
         ttl=config.catalog_ttl,
         max_loaded=config.max_loaded_sets,
+        max_loaded_bytes=config.catalog_memory,
         signature=signature,
         prepare=fetcher.prepare,
     )

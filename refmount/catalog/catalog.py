@@ -166,7 +166,7 @@ class Catalog:
         for path, gone in self.sets.items():
             if path not in new.sets and not gone.removed:
                 gone.removed = True
-                self._unload(gone, forget=True)
+                self._unload(gone)
                 self.loaded.discard(gone)
         old_dirs = self.plan.dirs
         for path in [*new.dirs, *new.sets, *old_dirs, *self.plan.sets]:
@@ -226,15 +226,15 @@ class Catalog:
 
     def _evict(self, keep: CatalogSet) -> None:
         for victim in self.loaded.over_limit(lambda s: s.busy > 0 or s.loading is not None, keep):
-            self._unload(victim, forget=True)
+            self._unload(victim)
 
-    def _unload(self, item: CatalogSet, *, forget: bool) -> None:
+    def _unload(self, item: CatalogSet) -> None:
+        """Unload a set and have the kernel forget its entries (the set's directory)."""
         tree = item.unload()
         if tree is not None:
             self._retire(tree, RETIRE_SECONDS if item.removed else UNLOADED_SECONDS)
-        if forget:
-            parent, _, name = item.path.rpartition("/")
-            self._invalidate("entry", (self.dirs.inode(parent), name))
+        parent, _, name = item.path.rpartition("/")
+        self._invalidate("entry", (self.dirs.inode(parent), name))
 
     async def _reload(self, item: CatalogSet) -> None:
         """Read a loaded set's refs again and swap its tree, as a SIGHUP reload does."""
@@ -259,6 +259,8 @@ class Catalog:
         # From here to the swap nothing awaits: no request sees a half-made tree.
         new, changes = old.successor(refset, known)
         item.replace(new)
+        if item in self.loaded:
+            self.loaded.touch(item, refset.memory_bytes() or 0)
         self._retire(old, RETIRE_SECONDS)
         to_global = item.inodes.to_global
         for parent, name in changes.entries:

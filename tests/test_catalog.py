@@ -383,3 +383,22 @@ def test_loaded_sets_stay_within_catalog_memory(
         assert 0 < state["loaded_bytes"] <= 1 << 20, state
         assert len(state["loaded"]) < 8
     assert loads(m) == 8 and len(status(m)["catalog"]["loaded"]) <= 3
+
+
+def test_an_empty_directory_mounts_as_a_catalog_only_when_asked(
+    tmp_path: Path, mount: Callable[..., Mounted]
+) -> None:
+    src, target = tmp_path / "src", tmp_path / "target"
+    src.mkdir()
+    target.mkdir()
+    refused = subprocess.run(
+        [*REFMOUNT, str(src), str(target), "-f"], capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 1 and "--catalog mounts it anyway" in refused.stderr
+    m = mount(src, "--catalog")
+    assert os.listdir(m.mountpoint) == []
+    (tmp_path / "data.bin").write_bytes(data_for(1))
+    (src / "first.json").write_bytes(refs_doc(str(tmp_path / "data.bin"), 0))
+    m.process.send_signal(signal.SIGHUP)
+    eventually(lambda: os.listdir(m.mountpoint) == ["first"], "the first set")
+    assert cat(m.mountpoint / "first" / "v" / "0") == data_for(1)

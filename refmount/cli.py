@@ -77,7 +77,7 @@ def check_parser() -> argparse.ArgumentParser:
         "with --probe unreachable or short targets).  Exit status 0 when the set loads and "
         "nothing is wrong, 1 otherwise, 2 for a usage error.",
     )
-    p.add_argument("refs", help="reference set, as for mounting")
+    p.add_argument("refs", help="reference set or catalog of sets, as for mounting")
     p.add_argument(
         "--probe",
         type=whole_number(0, 1_000_000),
@@ -93,6 +93,12 @@ def check_parser() -> argparse.ArgumentParser:
         "--decode",
         action="store_true",
         help="also list the arrays the decoded view (--decode) cannot decode or leaves out",
+    )
+    p.add_argument(
+        "--catalog",
+        action="store_true",
+        help="check REFS as a catalog: every set under it, with a summary (a directory "
+        "or prefix without .zmetadata is one anyway)",
     )
     p.add_argument(
         "--refs-options",
@@ -134,6 +140,7 @@ def check_parser() -> argparse.ArgumentParser:
 
 
 def run_check(argv: list[str]) -> int:
+    from refmount.catalog import is_catalog
     from refmount.check import CheckOptions, check, render
     from refmount.progress import LoadProgress
 
@@ -151,6 +158,13 @@ def run_check(argv: list[str]) -> int:
         decode=args.decode,
     )
     terminal = sys.stderr if sys.stderr.isatty() else None
+    if args.catalog or is_catalog(args.refs, args.refs_options, args.timeout):
+        from refmount.catalog.check import check_catalog
+        from refmount.catalog.check import render as render_catalog
+
+        catalog = check_catalog(options)
+        print(json.dumps(catalog.as_dict(), indent=2) if args.json else render_catalog(catalog))
+        return 0 if catalog.ok else 1
     with LoadProgress(args.refs, terminal=terminal, systemd=False) as progress:
         report = check(options, progress)
     if args.json:

@@ -100,6 +100,8 @@ class MountState:
     reads: ReadsInFlight = field(default_factory=ReadsInFlight)
     mounted_since: float = field(default_factory=time.time)
     last_reload: dict[str, Any] | None = None
+    #: a catalog's sets: how many, which are loaded (with their keys), load errors
+    catalog: Callable[[], dict[str, Any]] | None = None
 
     def record_reload(self, *, ok: bool, message: str = "") -> None:
         """Note a reload: when, whether it took, and what it said (why it failed, or
@@ -118,6 +120,7 @@ class MountState:
             "reads_in_flight": self.reads.count,
             "fetch": self.fetch.as_dict(),
             "cache": self.cache.stats(),
+            **({"catalog": self.catalog()} if self.catalog is not None else {}),
         }
 
 

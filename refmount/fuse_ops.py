@@ -151,13 +151,14 @@ class Operations(pyfuse3.Operations):
 
     # -- attributes -----------------------------------------------------------------------
 
-    def _template(self, tree: Tree) -> pyfuse3.EntryAttributes:
-        """Attributes every entry shares; per-entry fields are filled in by the caller."""
+    def _template(self, tree: Tree, inode: int) -> pyfuse3.EntryAttributes:
+        """Attributes the entries of one directory share (``inode``, or the entry's own);
+        per-entry fields are filled in by the caller."""
         attr = pyfuse3.EntryAttributes()
         attr.st_blksize = 1 << 20
         attr.st_uid = tree.owner.uid
         attr.st_gid = tree.owner.gid
-        mtime_ns = int(tree.refset.mtime * 1e9)
+        mtime_ns = int(tree.mtime(inode) * 1e9)
         attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = mtime_ns
         attr.entry_timeout = attr.attr_timeout = CACHE_SECONDS
         return attr
@@ -165,7 +166,7 @@ class Operations(pyfuse3.Operations):
     def _attributes(
         self, tree: Tree, node: Node, attr: pyfuse3.EntryAttributes | None = None
     ) -> pyfuse3.EntryAttributes:
-        attr = attr or self._template(tree)
+        attr = attr or self._template(tree, node.inode)
         attr.st_ino = node.inode
         attr.st_mode = node.mode
         attr.st_nlink = node.nlink
@@ -223,36 +224,35 @@ class Operations(pyfuse3.Operations):
         # a file entry sets only what differs between files: a listing may be millions
         # of entries, and each attribute set is a call.
         tree = self.tree
-        attr = self._template(tree)
-        file_mode = tree.file_mode
+        attr = self._template(tree, fh)
+        attr.st_mode = tree.file_mode
+        attr.st_nlink = 1
         reply = pyfuse3.readdir_reply
         known = self.known
         entries = await tree.listing(fh, after=start_id - 1)
-        as_file = False  # attr holds a file's mode and nlink
         uncached = False  # attr holds timeouts of 0
         for name, inode, size, cursor in entries:
+            encoded = name.encode("utf-8", "surrogateescape")
             if size is None and tree.is_dir(inode):
-                self._attributes(tree, await tree.node(inode), attr)
-                as_file = False
-            else:
-                if not as_file:
-                    attr.st_mode = file_mode
-                    attr.st_nlink = 1
-                    as_file = True
-                if size is None and (size := tree.listed_size(inode)) is None:
-                    # A whole remote file whose size the store has not told yet: a listing
-                    # never waits on a remote, so list it with attributes the kernel may
-                    # not keep; stat or open asks again (and waits, or gets the error).
-                    size = 0
-                    attr.entry_timeout = attr.attr_timeout = 0
-                    uncached = True
-                attr.st_ino = inode
-                attr.st_size = size
-                attr.st_blocks = (size + 511) // 512
-            if not reply(token, name.encode("utf-8", "surrogateescape"), attr, cursor + 1):
+                # Directories are few: each gets attributes of its own (times included,
+                # which differ between the sets of a catalog).
+                own = self._attributes(tree, await tree.node(inode))
+                if not reply(token, encoded, own, cursor + 1):
+                    return
+                continue
+            if size is None and (size := tree.listed_size(inode)) is None:
+                # A whole remote file whose size the store has not told yet: a listing
+                # never waits on a remote, so list it with attributes the kernel may
+                # not keep; stat or open asks again (and waits, or gets the error).
+                size = 0
+                attr.entry_timeout = attr.attr_timeout = 0
+                uncached = True
+            attr.st_ino = inode
+            attr.st_size = size
+            attr.st_blocks = (size + 511) // 512
+            if not reply(token, encoded, attr, cursor + 1):
                 return
-            if as_file:  # readdirplus: the kernel now holds the entry, as after a lookup
-                known[inode] = known.get(inode, 0) + 1
+            known[inode] = known.get(inode, 0) + 1  # readdirplus: as after a lookup
             if uncached:
                 attr.entry_timeout = attr.attr_timeout = CACHE_SECONDS
                 uncached = False

@@ -95,6 +95,10 @@ class Config:
     max_refs_size: int | None = None
     reload_interval: float | None = None
     decode: bool = False
+    catalog: bool = False
+    catalog_ttl: float = 60.0
+    max_loaded_sets: int = 64
+    catalog_memory: int = 1 << 30
 
 
 def parse_size(text: str) -> int:
@@ -250,6 +254,38 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="check REFS every S seconds (its ETag, mtime or size) and reload it when it "
         "changed; SIGHUP reloads at any time",
+    )
+    g = p.add_argument_group("catalogs (REFS a directory or prefix of many sets)")
+    g.add_argument(
+        "--catalog",
+        action="store_true",
+        help="read REFS as a catalog of reference sets even when it does not look like "
+        "one (a directory or prefix without .zmetadata is one anyway)",
+    )
+    g.add_argument(
+        "--catalog-ttl",
+        type=seconds,
+        default=Config.catalog_ttl,
+        metavar="S",
+        help="how long a listing of the catalog's source is used before it is listed "
+        "again: new and removed sets show after this (default %(default)g)",
+    )
+    g.add_argument(
+        "--max-loaded-sets",
+        type=whole_number(1, 1_000_000),
+        default=Config.max_loaded_sets,
+        metavar="N",
+        help="sets of a catalog kept loaded; the least recently used idle ones are "
+        "unloaded past this (default %(default)s)",
+    )
+    g.add_argument(
+        "--catalog-memory",
+        type=memory_size,
+        default=Config.catalog_memory,
+        metavar="SIZE",
+        help="memory the indexes of a catalog's loaded sets may hold, besides "
+        "--cache-size; idle sets are unloaded past it "
+        f"(default {human_size(Config.catalog_memory)})",
     )
     g = p.add_argument_group("reading")
     g.add_argument(

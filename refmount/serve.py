@@ -18,6 +18,9 @@ import pyfuse3
 import trio
 
 from refmount.cache import BlockCache
+from refmount.catalog import is_catalog
+from refmount.catalog.catalog import Catalog
+from refmount.catalog.serving import open_catalog
 from refmount.control import ControlServer, MountState, socket_path
 from refmount.display import display_url
 from refmount.fetch import Fetcher, FetchPolicy
@@ -73,49 +76,45 @@ class Daemon:
     control: ControlServer
     #: Loads REFS for a reload: the decoded view wraps what it loads.
     load_set: Callable[[Config], RefSet] = lambda config: load_refset(config)
+    catalog: Catalog | None = None
 
     @classmethod
     def load(cls, config: Config) -> Daemon:
+        if config.catalog or is_catalog(config.refs, config.refs_options, config.timeout):
+            return cls.load_catalog(config)
         notify("STATUS=loading the reference set")
         with LoadProgress.for_command(config.refs) as progress:
             refset = load_refset(config, progress)
-        fetcher = Fetcher(
-            remote_options=config.remote_options,
-            backend=config.fetch_backend,
-            policy=FetchPolicy(
-                timeout=config.timeout,
-                retries=config.retries,
-                max_requests=config.max_requests,
-                max_requests_per_host=config.max_requests_per_host,
-            ),
-        )
+        fetcher = _fetcher(config)
         fetcher.confine_flat_options(refset.target_urls())
         cache = BlockCache(fetcher, budget=config.cache_size, extent=refset.url_extent)
-        reads: BlockCache | DecodedReads = cache
-        load: Callable[[Config], RefSet] = load_refset
-        if config.decode:  # the decoded view: a set and reads on top of the raw ones
-            from refmount.decode import DecodedReads  # numpy and numcodecs: only when asked
-
-            decoded = reads = DecodedReads(cache)
-            refset = decoded.view(refset)
-            load = lambda config: decoded.view(load_refset(config))  # noqa: E731
+        reads, view = _reads(config, cache)
         owner = Owner(config.uid, config.gid, config.umask)
-        tree = Tree(refset, owner, fetcher.size, fetcher.known_size)
+        tree = Tree(view(refset), owner, fetcher.size, fetcher.known_size)
         operations = Operations(tree, reads, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
-        mountpoint = os.path.realpath(config.mountpoint)
-        state = MountState(
-            refs=display_url(config.refs),
-            mountpoint=mountpoint,
-            fetch=fetcher.stats,
-            cache=reads,
-            keys=lambda: _key_count(operations.tree.refset),
+        state = _mount_state(config, fetcher, reads, lambda: _key_count(operations.tree.refset))
+        control = _serve_state(operations, state, config)
+        return cls(config, operations, cache, control, lambda config: view(load_refset(config)))
+
+    @classmethod
+    def load_catalog(cls, config: Config) -> Daemon:
+        """REFS is a catalog (:mod:`refmount.catalog`): list it; sets load when used."""
+        notify("STATUS=listing the catalog")
+        fetcher = _fetcher(config)
+        fetcher.confine_flat_options(None)  # flat options: no one host to bind them to
+        owner = Owner(config.uid, config.gid, config.umask)
+        # Sets load only once the mount is served, after ``view`` is bound below.
+        catalog, tree = open_catalog(
+            config, fetcher, owner, lambda config: view(load_refset(config))
         )
-        timer = RequestTimer.from_environment()  # off unless asked for (profiling)
-        if timer is not None:
-            timer.install(operations)
-        operations.read = state.reads.counting(operations.read)  # type: ignore[method-assign]
-        control = ControlServer(socket_path(mountpoint, os.geteuid()), state)
-        return cls(config, operations, cache, control, load)
+        cache = BlockCache(fetcher, budget=config.cache_size, extent=catalog.url_extent)
+        reads, view = _reads(config, cache)
+        operations = Operations(tree, reads, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
+        catalog.kernel = operations
+        state = _mount_state(config, fetcher, reads, catalog.key_count, catalog.status)
+        catalog.record = state.record_reload
+        control = _serve_state(operations, state, config)
+        return cls(config, operations, cache, control, catalog=catalog)
 
     def run(self, ready: Callable[[], None], on_error: Callable[[str], None] | None) -> int:
         mountpoint = self.config.mountpoint
@@ -148,7 +147,10 @@ class Daemon:
             return 1
         finally:
             pyfuse3.close(unmount=True)
-            self.operations.tree.refset.close()
+            if self.catalog is not None:
+                self.catalog.close()
+            else:
+                self.operations.tree.refset.close()
             self.cache.fetcher.close()
             log.info("unmounted %s", mountpoint)
 
@@ -163,11 +165,16 @@ class Daemon:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.cache.run)
             await nursery.start(self.control.run)
-            nursery.start_soon(self._on_signals, nursery.cancel_scope, reloader)
+            # SIGHUP refreshes a catalog (which reloads its changed sets), else reloads.
+            reload = reloader.request if self.catalog is None else self.catalog.request_refresh
+            nursery.start_soon(self._on_signals, nursery.cancel_scope, reload)
             nursery.start_soon(self._announce_when_ready, ready)
-            nursery.start_soon(reloader.run)
-            if self.config.reload_interval is not None:
-                nursery.start_soon(reloader.poll, self.config.reload_interval)
+            if self.catalog is not None:
+                await nursery.start(self.catalog.run)
+            else:
+                nursery.start_soon(reloader.run)
+                if self.config.reload_interval is not None:
+                    nursery.start_soon(reloader.poll, self.config.reload_interval)
             # Requests in flight may exceed the kernel's background limit (reads) plus
             # foreground ones (lookups): leave room for both.
             await pyfuse3.main(max_tasks=self.config.max_background * 2 + 16)
@@ -197,9 +204,10 @@ class Daemon:
         notify(f"READY=1\nSTATUS=serving {shown(self.config.refs)}")
         self._ready = True
         ready()
-        await self.cache.fetcher.prepare(sorted(self.operations.tree.refset.protocols()))
+        if self.catalog is None:  # a catalog's sets prepare theirs as they load
+            await self.cache.fetcher.prepare(sorted(self.operations.tree.refset.protocols()))
 
-    async def _on_signals(self, scope: trio.CancelScope, reloader: Reloader) -> None:
+    async def _on_signals(self, scope: trio.CancelScope, reload: Callable[[], None]) -> None:
         """Reload on SIGHUP.  Unmount on SIGINT or SIGTERM: requests in flight get a short
         grace, then are cancelled, so a read waiting on a stalled store does not hold up
         the stop."""
@@ -207,7 +215,7 @@ class Daemon:
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     log.info("received SIGHUP: reloading")
-                    reloader.request()
+                    reload()
                     continue
                 log.info("received %s: unmounting", signal.Signals(signum).name)
                 notify("STOPPING=1")
@@ -232,6 +240,59 @@ def load_refset(config: Config, progress: Callable[[str, int, int], None] | None
         progress=progress,
         rank0_chunk_keys=config.decode,
         **options,
+    )
+
+
+def _reads(
+    config: Config, cache: BlockCache
+) -> tuple[BlockCache | DecodedReads, Callable[[RefSet], RefSet]]:
+    """What reads serve, and what a loaded set is presented as: the raw set through the
+    block cache, or with ``--decode`` its decoded view through a decoder on top of it."""
+    if not config.decode:
+        return cache, lambda refset: refset
+    from refmount.decode import DecodedReads  # numpy and numcodecs: only when asked
+
+    decoded = DecodedReads(cache)
+    return decoded, decoded.view
+
+
+def _mount_state(
+    config: Config,
+    fetcher: Fetcher,
+    reads: BlockCache | DecodedReads,
+    keys: Callable[[], int | None],
+    catalog: Callable[[], dict[str, Any]] | None = None,
+) -> MountState:
+    return MountState(
+        refs=display_url(config.refs),
+        mountpoint=os.path.realpath(config.mountpoint),
+        fetch=fetcher.stats,
+        cache=reads,
+        keys=keys,
+        catalog=catalog,
+    )
+
+
+def _serve_state(operations: Operations, state: MountState, config: Config) -> ControlServer:
+    """Count reads for ``refmount status`` (and time them when asked), and make the
+    control socket that answers it."""
+    timer = RequestTimer.from_environment()  # off unless asked for (profiling)
+    if timer is not None:
+        timer.install(operations)
+    operations.read = state.reads.counting(operations.read)  # type: ignore[method-assign]
+    return ControlServer(socket_path(state.mountpoint, os.geteuid()), state)
+
+
+def _fetcher(config: Config) -> Fetcher:
+    return Fetcher(
+        remote_options=config.remote_options,
+        backend=config.fetch_backend,
+        policy=FetchPolicy(
+            timeout=config.timeout,
+            retries=config.retries,
+            max_requests=config.max_requests,
+            max_requests_per_host=config.max_requests_per_host,
+        ),
     )
 
 

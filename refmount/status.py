@@ -160,8 +160,27 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
         ("retries", f"{fetch.get('retries', 0):,}"),
         ("cached", f"{_size(cache.get('bytes_cached', 0))} of {_size(cache.get('budget', 0))}"),
     ]
+    rows += _catalog_rows(status.get("catalog"))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _catalog_rows(catalog: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A catalog's sets: how many, which are loaded (with their keys), which failed."""
+    if not catalog:
+        return []
+    loaded = catalog.get("loaded", {})
+    shown = ", ".join(
+        name if keys is None else f"{name} ({keys:,} keys)" for name, keys in loaded.items()
+    )
+    rows = [
+        ("sets", f"{catalog.get('sets', 0):,} ({catalog.get('loads', 0):,} loads)"),
+        ("loaded sets", f"{len(loaded)} of at most {catalog.get('max_loaded')}: {shown or '-'}"),
+        ("loaded indexes", _size(catalog.get("loaded_bytes", 0))),
+    ]
+    for name, error in sorted(catalog.get("errors", {}).items()):
+        rows.append(("load error", f"{name}: {error}"))
+    return rows
 
 
 def _size(n: int) -> str:

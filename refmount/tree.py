@@ -113,6 +113,10 @@ class Tree:
     def dir_path(self, inode: int) -> str | None:
         return self._dir_paths.get(inode)
 
+    def directories(self) -> dict[int, str]:
+        """The directories numbered so far (inode -> path), to number them alike again."""
+        return dict(self._dir_paths)
+
     def inode(self, file_id: int) -> int:
         if self._pinned_inodes:
             pinned = self._pinned_inodes.get(file_id)
@@ -192,15 +196,11 @@ class Tree:
         return await self.refset.file_ref(self._file_id(inode))
 
     async def size(self, ref: Ref) -> int:
-        if ref.data is not None:
-            return len(ref.data)
-        if ref.length is not None:
-            return ref.length
-        assert ref.url is not None
-        size = await self._remote_size(ref.url)
-        if not 0 <= size <= MAX_FILE_SIZE:
-            raise FetchError(f"{redact(ref.url)}: the store reports a size of {size} bytes")
-        return size
+        return await ref_size(ref, self._remote_size)
+
+    def mtime(self, inode: int) -> float:
+        """The modification time an entry shows: the set's."""
+        return self.refset.mtime
 
     def listed_size(self, inode: int) -> int | None:
         """A file's size without asking the store: listings never wait on a remote."""
@@ -275,6 +275,19 @@ class Tree:
             dir_paths=dir_paths,
         )
         return successor, Changes(entries, sorted(dir_paths), len(pinned))
+
+
+async def ref_size(ref: Ref, remote_size: Callable[[str], Awaitable[int]]) -> int:
+    """The size of a reference's bytes; a whole remote file's is asked of the store."""
+    if ref.data is not None:
+        return len(ref.data)
+    if ref.length is not None:
+        return ref.length
+    assert ref.url is not None
+    size = await remote_size(ref.url)
+    if not 0 <= size <= MAX_FILE_SIZE:
+        raise FetchError(f"{redact(ref.url)}: the store reports a size of {size} bytes")
+    return size
 
 
 class StaleInode(Exception):

@@ -120,5 +120,10 @@ class RefSet(ABC):
         when not (a Parquet set reads its records on demand)."""
         return None
 
+    def memory_bytes(self) -> int | None:
+        """Roughly the bytes the set's index holds in memory, when it can tell (a
+        catalog bounds its loaded sets by this); None when not."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook, most sets hold nothing to release
         """Release what the set holds open."""

@@ -44,6 +44,10 @@ class _SortedKeys:
     def __len__(self) -> int:
         return len(self._array)
 
+    @property
+    def nbytes(self) -> int:
+        return int(self._array.nbytes)
+
     def __getitem__(self, i: int) -> bytes:
         return bytes(self._data[self._offsets[i] : self._offsets[i + 1]])
 
@@ -87,6 +91,11 @@ class TableRefSet(RefSet):
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    def memory_bytes(self) -> int:
+        columns = (self._url_index, self._offsets, self._lengths)
+        held = self._keys.nbytes + self._inline.nbytes + sum(c.nbytes for c in columns)
+        return held + sum(len(url) + 50 for url in self.urls)  # a str object's overhead
 
     def file_id(self, key: str) -> int | None:
         encoded = key.encode("utf-8", "surrogatepass")

@@ -40,6 +40,12 @@ class Backend(Protocol):
         """The size of the whole file at ``url``."""
         ...
 
+    async def validator(self, url: str) -> str | None:
+        """What names the current version of the file at ``url`` (one HEAD or stat):
+        see :func:`version_of`; None when the store gives nothing that would change
+        with the contents."""
+        ...
+
     async def prepare(self) -> None:
         """Get ready for the first read (imports, sessions); failures are left for that
         read to report."""
@@ -48,3 +54,28 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release what the backend holds open."""
         ...
+
+
+def version_of(
+    *,
+    etag: object = None,
+    generation: object = None,
+    size: object = None,
+    modified: object = None,
+) -> str | None:
+    """A validator: a string that changes whenever the object's bytes may have changed.
+
+    A generation or version id (GCS, versioned S3) or a strong ETag names one version of
+    the bytes; a weak ETag (``W/``) or none leaves size and modification time, which must
+    then both be known.  The size is in every validator, so that even a store whose
+    ETag is not a content hash (nginx's is mtime and size) changes key when it shrinks."""
+    shown_size = "" if size is None else f"|size:{size}"
+    if generation not in (None, ""):
+        return f"generation:{generation}{shown_size}"
+    tag = None if etag in (None, "") else str(etag).strip()
+    if tag and not tag.startswith("W/"):
+        return f"etag:{tag}{shown_size}"
+    if size is None or modified in (None, ""):
+        return None
+    weak = f"|etag:{tag}" if tag else ""
+    return f"modified:{modified}{shown_size}{weak}"

@@ -205,6 +205,16 @@ class Fetcher:
         self._sizes[url] = size
         return size
 
+    async def validator(self, url: str) -> str | None:
+        """What names the current version of a file (one HEAD or stat, with the same
+        deadlines and retries as a read): see :func:`~refmount.fetch.backend.version_of`.
+        None: the store gives nothing that would change with the bytes."""
+
+        async def attempt(backend: Backend) -> str | None:
+            return await backend.validator(url)
+
+        return await self._with_retries(url, attempt)
+
     async def prepare(self, protocols: Iterable[str]) -> None:
         """Make the backends of these protocols (each host given options of its own, and
         one for the protocol's other hosts), and their sessions, ahead of the first

@@ -68,6 +68,11 @@ class LocalBackend:
             raise FetchError(f"{local_path(url)} is not a regular file")
         return st.st_size
 
+    async def validator(self, url: str) -> str | None:
+        """Device, inode, size and mtime: a file replaced or rewritten changes one."""
+        st = await trio.to_thread.run_sync(os.stat, local_path(url), abandon_on_cancel=True)
+        return f"file:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
     async def prepare(self) -> None:
         pass
 

@@ -18,6 +18,7 @@ import pyfuse3
 import trio
 
 from refmount.cache import BlockCache
+from refmount.cache.disk import DiskCache, DiskCacheConfig, DiskTier
 from refmount.control import ControlServer, MountState, socket_path
 from refmount.display import display_url
 from refmount.fetch import Fetcher, FetchPolicy
@@ -67,6 +68,7 @@ class Daemon:
     operations: Operations
     cache: BlockCache
     control: ControlServer
+    disk: DiskCache | None = None
 
     @classmethod
     def load(cls, config: Config) -> Daemon:
@@ -84,7 +86,13 @@ class Daemon:
             ),
         )
         fetcher.confine_flat_options(refset.target_urls())
-        cache = BlockCache(fetcher, budget=config.cache_size, extent=refset.url_extent)
+        disk = open_disk_cache(config)
+        cache = BlockCache(
+            fetcher,
+            budget=config.cache_size,
+            extent=refset.url_extent,
+            source=None if disk is None else DiskTier(disk, fetcher),
+        )
         owner = Owner(config.uid, config.gid, config.umask)
         tree = Tree(refset, owner, fetcher.size, fetcher.known_size)
         operations = Operations(tree, cache, fetcher.stats, xattrs=config.xattrs)
@@ -98,7 +106,7 @@ class Daemon:
         )
         operations.read = state.reads.counting(operations.read)  # type: ignore[method-assign]
         control = ControlServer(socket_path(mountpoint, os.geteuid()), state)
-        return cls(config, operations, cache, control)
+        return cls(config, operations, cache, control, disk)
 
     def run(self, ready: Callable[[], None], on_error: Callable[[str], None] | None) -> int:
         mountpoint = self.config.mountpoint
@@ -133,6 +141,8 @@ class Daemon:
             pyfuse3.close(unmount=True)
             self.operations.tree.refset.close()
             self.cache.fetcher.close()
+            if self.disk is not None:
+                self.disk.close()
             log.info("unmounted %s", mountpoint)
 
     async def _main(self, ready: Callable[[], None]) -> None:
@@ -144,6 +154,8 @@ class Daemon:
             self.control.state.record_reload,
         )
         async with trio.open_nursery() as nursery:
+            if self.disk is not None:
+                await nursery.start(self.disk.run)
             await nursery.start(self.cache.run)
             await nursery.start(self.control.run)
             nursery.start_soon(self._on_signals, nursery.cancel_scope, reloader)
@@ -199,6 +211,22 @@ class Daemon:
                 log.warning("requests still in flight after %g s: cancelling them", STOP_GRACE)
                 scope.cancel()
                 return
+
+
+def open_disk_cache(config: Config) -> DiskCache | None:
+    """The process's disk cache (``--disk-cache``), or None; DiskCacheError when its
+    directory cannot be used: a cache asked for and not there is a failed start."""
+    if config.disk_cache is None:
+        return None
+    return DiskCache(
+        DiskCacheConfig(
+            directory=config.disk_cache,
+            max_bytes=config.disk_cache_size,
+            min_free=config.disk_cache_min_free,
+            immutable=config.disk_cache_immutable,
+            check_interval=config.disk_cache_check_interval,
+        )
+    )
 
 
 def load_refset(config: Config, progress: Callable[[str, int, int], None] | None = None) -> RefSet:

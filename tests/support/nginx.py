@@ -31,10 +31,14 @@ def nginx_available() -> str | None:
     return None
 
 
-def nginx_config(root: Path, port: int, delay: float, prefix: Path) -> str:
+def nginx_config(
+    root: Path, port: int, delay: float, prefix: Path, *, autoindex: bool = False
+) -> str:
     """A one-server configuration: ``root`` on 127.0.0.1:``port``, ranges honoured,
-    no compression, no access log; ``delay`` seconds before each data answer."""
+    no compression, no access log; ``delay`` seconds before each data answer;
+    ``autoindex``: directories listed (what rclone's http remote reads)."""
     wait = f"echo_sleep {delay:.3f};\n            echo_exec @static;" if delay > 0 else ""
+    listing = "autoindex on;" if autoindex else ""
     return f"""
 load_module {ECHO_MODULE};
 daemon off;
@@ -60,6 +64,7 @@ http {{
     server {{
         listen {HOST}:{port};
         root {root};
+        {listing}
         location / {{
             {wait}
         }}
@@ -78,10 +83,18 @@ class NginxServer(_Subprocess):
             url = f"{server.url}/file.bin"
     """
 
-    def __init__(self, root: Path, delay: float = 0.0, *, startup_timeout: float = 20.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        delay: float = 0.0,
+        *,
+        startup_timeout: float = 20.0,
+        autoindex: bool = False,
+    ) -> None:
         super().__init__()
         self.root = Path(root).resolve()
         self.delay = delay
+        self.autoindex = autoindex
         self.startup_timeout = startup_timeout
         self.port = 0
         self._prefix: tempfile.TemporaryDirectory[str] | None = None
@@ -98,7 +111,9 @@ class NginxServer(_Subprocess):
         prefix = Path(self._prefix.name)
         self.port = free_port()
         config = prefix / "nginx.conf"
-        config.write_text(nginx_config(self.root, self.port, self.delay, prefix))
+        config.write_text(
+            nginx_config(self.root, self.port, self.delay, prefix, autoindex=self.autoindex)
+        )
         self._spawn(["nginx", "-p", str(prefix), "-c", str(config)])
         self._wait_ready()
 

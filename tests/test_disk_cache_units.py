@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from refmount.cache import BlockCache
 from refmount.cache.disk import DiskCache, DiskCacheConfig, DiskCacheError, DiskTier
 from refmount.cache.disk.entry import CorruptEntry, Entry, EntryKey, decode, encode
-from refmount.cache.disk.index import Index, Limits, NoRoom, plan_eviction
+from refmount.cache.disk.index import Index, Limits, plan_eviction
 from refmount.cache.disk.store import Store
 from refmount.fetch import Fetcher
 from refmount.fetch.backend import version_of
@@ -156,18 +156,15 @@ class IndexMachine(RuleBasedStateMachine):
         placed = []
         self.removed = []
         limits = Limits(max_bytes=1000, min_free=0, slack=100)
-        try:
-            victims = self.index.admit(
-                name,
-                size,
-                self.clock,
-                limits,
-                lambda: 1 << 40,
-                lambda: placed.append(name),
-                self.removed.append,
-            )
-        except NoRoom:
-            assert size > 1000
+        admitted, victims = self.index.admit(
+            [(name, size, lambda: placed.append(name))],
+            self.clock,
+            limits,
+            lambda: 1 << 40,
+            self.removed.append,
+        )
+        if not admitted:
+            assert size > 1000 and not placed and not victims
             return
         assert placed == [name]
         assert victims == self.removed
@@ -218,7 +215,9 @@ def test_reconcile_finds_files_without_rows_and_drops_rows_without_files(tmp_pat
         kept = EntryKey("u", "v", 0, 100)
         temp, size = store.write_temp(kept, Entry([(0, 3)], b"abc"))
         store.place(temp, kept.name)  # as if its process died before committing
-        index.admit("zz/gone", 7, 1.0, Limits(10**9, 0, 0), lambda: 1 << 40, lambda: None, print)
+        index.admit(
+            [("zz/gone", 7, lambda: None)], 1.0, Limits(10**9, 0, 0), lambda: 1 << 40, print
+        )
         prefix = kept.name[:2]
         assert index.reconcile(prefix, lambda: store.scan(prefix)) == (1, 0)
         assert index.reconcile("zz", lambda: store.scan("zz")) == (0, 1)

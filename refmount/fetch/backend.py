@@ -8,10 +8,19 @@ same ones.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 #: The largest size a file can report (``st_size`` is a signed 64-bit number).
 MAX_FILE_SIZE = (1 << 63) - 1
+
+
+class Version(NamedTuple):
+    """What one HEAD or stat says of an object's current version: its validator (see
+    :func:`version_of`; None when the store gives nothing that changes with the bytes)
+    and its size (None when not given)."""
+
+    validator: str | None
+    size: int | None
 
 
 class WrongAnswer(Exception):
@@ -40,10 +49,8 @@ class Backend(Protocol):
         """The size of the whole file at ``url``."""
         ...
 
-    async def validator(self, url: str) -> str | None:
-        """What names the current version of the file at ``url`` (one HEAD or stat):
-        see :func:`version_of`; None when the store gives nothing that would change
-        with the contents."""
+    async def version(self, url: str) -> Version:
+        """What names the current version of the file at ``url``: one HEAD or stat."""
         ...
 
     async def prepare(self) -> None:
@@ -79,3 +86,8 @@ def version_of(
         return None
     weak = f"|etag:{tag}" if tag else ""
     return f"modified:{modified}{shown_size}{weak}"
+
+
+def sized(size: object) -> int | None:
+    """A size a store reported, if it is one."""
+    return size if isinstance(size, int) and 0 <= size <= MAX_FILE_SIZE else None

@@ -24,7 +24,7 @@ import fsspec
 import trio
 
 from refmount.errors import FetchError
-from refmount.fetch.backend import MAX_FILE_SIZE, Backend, WrongAnswer
+from refmount.fetch.backend import MAX_FILE_SIZE, Backend, Version, WrongAnswer
 from refmount.fetch.local import LOCAL_PROTOCOLS, LocalBackend
 from refmount.fetch.obstore_backend import make_backend
 
@@ -205,13 +205,13 @@ class Fetcher:
         self._sizes[url] = size
         return size
 
-    async def validator(self, url: str) -> str | None:
-        """What names the current version of a file (one HEAD or stat, with the same
-        deadlines and retries as a read): see :func:`~refmount.fetch.backend.version_of`.
-        None: the store gives nothing that would change with the bytes."""
+    async def version(self, url: str) -> Version:
+        """What names the current version of a file, and its size: one HEAD or stat,
+        with the same deadlines and retries as a read (see
+        :func:`~refmount.fetch.backend.version_of`)."""
 
-        async def attempt(backend: Backend) -> str | None:
-            return await backend.validator(url)
+        async def attempt(backend: Backend) -> Version:
+            return await backend.version(url)
 
         return await self._with_retries(url, attempt)
 

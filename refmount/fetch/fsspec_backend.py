@@ -26,7 +26,7 @@ import trio
 
 from refmount.errors import FetchError
 from refmount.fetch import bounded
-from refmount.fetch.backend import version_of
+from refmount.fetch.backend import Version, sized, version_of
 
 
 class FsspecBackend:
@@ -66,14 +66,14 @@ class FsspecBackend:
             raise FetchError(f"the store gives no size for {path}")
         return size
 
-    async def validator(self, url: str) -> str | None:
+    async def version(self, url: str) -> Version:
         fs = await self._filesystem()
         path = url if _is_http(fs) else fs._strip_protocol(url)
         if fs.async_impl:
             info = await on_fsspec_loop(fs._info(path))
         else:
             info = await trio.to_thread.run_sync(fs.info, path, abandon_on_cancel=True)
-        return version_of_info(info)
+        return Version(version_of_info(info), sized(info.get("size")))
 
     async def prepare(self) -> None:
         fs = await self._filesystem()

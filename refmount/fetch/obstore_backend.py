@@ -38,7 +38,7 @@ from urllib.parse import unquote, urlsplit
 import trio
 
 from refmount.errors import FetchError
-from refmount.fetch.backend import Backend, version_of
+from refmount.fetch.backend import Backend, Version, sized, version_of
 from refmount.fetch.fsspec_backend import FsspecBackend, on_fsspec_loop
 from refmount.fetch.obstore_options import (
     AZURE_PROTOCOLS,
@@ -134,10 +134,10 @@ class ObstoreBackend:
             raise FetchError(f"{_shown(url)}: the store gives no size")
         return size
 
-    async def validator(self, url: str) -> str | None:
+    async def version(self, url: str) -> Version:
         target = self._target(url)
         if target is None:
-            return await self.fallback.validator(url)
+            return await self.fallback.version(url)
         store, path = await self._store(target[0]), target[1]
         assert self._obstore is not None
         try:
@@ -145,18 +145,19 @@ class ObstoreBackend:
         except Exception as exc:
             if not _head_unusable(exc):
                 raise _translated(exc, url) from None
-            return await self.fallback.validator(url)
+            return await self.fallback.version(url)
         finally:
             self._last_request = time.monotonic()
         modified = meta.get("last_modified")
         if modified is not None and modified.timestamp() == 0:
             modified = None  # object_store's stand-in for a missing Last-Modified
-        return version_of(
+        validator = version_of(
             etag=meta.get("e_tag"),
             generation=meta.get("version"),
             size=meta.get("size"),
             modified=None if modified is None else modified.isoformat(),
         )
+        return Version(validator, sized(meta.get("size")))
 
     async def prepare(self) -> None:
         await self._import()

@@ -9,12 +9,13 @@ Off the serving thread
     of :data:`IO_THREADS`, the index (one SQLite connection) under a limiter of one.  A
     lookup of all the entries a fetch wants is one thread call.
 
-Admission never holds a reader up
+Admission holds a reader up only while the disk is slower than the network
     The tier hands fetched bytes to :meth:`DiskCache.admit` and returns them to the
-    reader at once; one writer task adds them to their units' entries behind it (read,
+    reader; one writer task adds them to their units' entries behind it (read,
     merge, write a temporary file, rename: one at a time, so that two pieces of one
     unit fetched together both stay).  At most
-    :data:`QUEUE_BYTES` wait to be written; beyond that, admission skips (counted).
+    :data:`QUEUE_BYTES` wait to be written; beyond that, a fetch waits for the writer
+    (up to :data:`ADMIT_WAIT`), then skips (counted).
     When the disk says no (ENOSPC, EDQUOT, EROFS, EACCES) or the index finds no room,
     admission pauses for :data:`PAUSE_SECONDS`, logged once per episode, then tries
     again: readers never see it.
@@ -28,6 +29,7 @@ Start-up is O(1)
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -37,15 +39,17 @@ from dataclasses import dataclass
 import trio
 
 from refmount.cache.disk.entry import CorruptEntry, Entry, EntryKey
-from refmount.cache.disk.index import Index, Limits, NoRoom
+from refmount.cache.disk.index import Index, Limits
 from refmount.cache.disk.store import FULL_ERRNOS, DiskCacheError, Store
 
 log = logging.getLogger(__name__)
 
 IO_THREADS = 4  # worker threads reading and writing entries at once
 QUEUE_BYTES = 64 << 20  # bytes waiting to be written, at most
+ADMIT_WAIT = 2.0  # seconds a fetch waits for room in the queue before it skips
 DRAIN_SECONDS = 10.0  # at a stop, the most spent writing what is queued
 PAUSE_SECONDS = 30.0  # admission rests this long after the disk or the limits said no
+BATCH = 64  # entries written, then admitted in one transaction, at a time
 FLUSH_SECONDS = 5.0  # how often uses are written to the index
 FLUSH_COUNT = 4096  # or as soon as this many are waiting
 HYSTERESIS = 0.05  # of the limit: evicted beyond what an admission needs
@@ -63,6 +67,10 @@ COUNTERS = (
     "disk_validations",
     "disk_validation_failures",
 )
+
+
+#: A piece waiting to be written: its unit, where it starts, its bytes, the object's end.
+Queued = tuple[EntryKey, int, bytes | memoryview, int | None]
 
 
 @dataclass(frozen=True)
@@ -92,10 +100,9 @@ class DiskCache:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._io = trio.CapacityLimiter(IO_THREADS)
         self._db = trio.CapacityLimiter(1)
-        self._queue_send, self._queue_receive = trio.open_memory_channel[
-            tuple[EntryKey, int, bytes | memoryview, int | None]
-        ](float("inf"))
+        self._queue_send, self._queue_receive = trio.open_memory_channel[Queued](float("inf"))
         self._queued = 0
+        self._room = trio.Event()  # set (and replaced) whenever the writer made room
         self._paused_until = -float("inf")
         self._pause_logged = False
         self._uses: dict[str, float] = {}
@@ -180,109 +187,138 @@ class DiskCache:
 
     # -- admission ------------------------------------------------------------------------
 
-    def admit(self, key: EntryKey, start: int, piece: bytes | memoryview, eof: int | None) -> None:
+    async def admit(
+        self, key: EntryKey, start: int, piece: bytes | memoryview, eof: int | None
+    ) -> None:
         """Queue ``piece``, the bytes of ``key``'s unit from ``start`` on, to be added to
-        its entry; ``eof``: where the object ends, if the fetch found out.  Never waits."""
+        its entry; ``eof``: where the object ends, if the fetch found out.  When more
+        than :data:`QUEUE_BYTES` wait already, waits up to :data:`ADMIT_WAIT` seconds
+        for the writer (a network faster than the disk is slowed to the disk's pace,
+        so that what was read once is kept), then skips."""
         if not self._running or not key.cacheable() or not (piece or eof is not None):
             return
         if trio.current_time() < self._paused_until:
             self.counters["disk_refusals"] += 1
             return
-        if self._queued + len(piece) > QUEUE_BYTES:
+        with trio.move_on_after(ADMIT_WAIT):
+            while self._queued + len(piece) > QUEUE_BYTES and self._queued:
+                await self._room.wait()
+        if self._queued + len(piece) > QUEUE_BYTES and self._queued:
             self.counters["disk_skipped"] += 1
             return
         self._queued += len(piece)
         self._queue_send.send_nowait((key, start, piece, eof))
 
     async def _writer(self) -> None:
-        """The one writer: one at a time, so that two pieces of one unit merge."""
+        """The one writer, a batch at a time: so that two pieces of one unit merge, and
+        one transaction of the index admits many entries."""
         async for item in self._queue_receive:
+            batch = [item]
+            while len(batch) < BATCH:
+                try:
+                    batch.append(self._queue_receive.receive_nowait())
+                except trio.WouldBlock:
+                    break
             try:
-                if trio.current_time() >= self._paused_until:
-                    await self._write(*item)
-                else:
-                    self.counters["disk_refusals"] += 1
+                # A batch is finished even at a stop: its temporary files are written.
+                with trio.CancelScope(shield=True):
+                    await self._write(batch)
             finally:
-                self._queued -= len(item[2])
+                self._queued -= sum(len(piece) for _, _, piece, _ in batch)
+                self._room.set()
+                self._room = trio.Event()
 
     async def _drain(self) -> None:
         """Write what is still queued (at a stop)."""
+        batch: list[Queued] = []
         while True:
             try:
-                item = self._queue_receive.receive_nowait()
+                batch.append(self._queue_receive.receive_nowait())
             except trio.WouldBlock:
-                return
-            try:
-                await self._write(*item)
-            finally:
-                self._queued -= len(item[2])
+                break
+        for first in range(0, len(batch), BATCH):
+            await self._write(batch[first : first + BATCH])
 
-    async def _write(
-        self, key: EntryKey, start: int, piece: bytes | memoryview, eof: int | None
-    ) -> None:
+    async def _write(self, batch: list[Queued]) -> None:
+        if trio.current_time() < self._paused_until:
+            self.counters["disk_refusals"] += len(batch)
+            return
         corrupt: list[tuple[str, str]] = []
+        written: list[tuple[str, str, int, int]] = []  # name, temp, bytes on disk, new bytes
         try:
-            written = await trio.to_thread.run_sync(
-                self._write_temp, key, start, piece, eof, corrupt, limiter=self._io
+            await trio.to_thread.run_sync(
+                self._write_temps, batch, written, corrupt, limiter=self._io
             )
         except OSError as exc:
             if exc.errno in FULL_ERRNOS:
                 self._pause(f"{exc.strerror} in {self.store.root}")
             else:
                 log.warning("disk cache: cannot write an entry: %s", exc)
-            return
         finally:
             self._count_corrupt(corrupt)
-        if written is None:
+        if not written:
             return
-        temp, size = written
         try:
-            victims = await trio.to_thread.run_sync(
-                self._admit, key.name, temp, size, limiter=self._db
+            admitted, evicted = await trio.to_thread.run_sync(
+                self._admit, written, limiter=self._db
             )
-        except NoRoom as exc:
-            self._pause(f"the limits leave no room ({exc})")
-            return
         except (OSError, sqlite3.Error) as exc:
-            log.warning("disk cache: cannot admit an entry: %s", exc)
+            log.warning("disk cache: cannot admit entries: %s", exc)
             return
         finally:
-            self.store.discard(temp)  # gone already when it was placed
-        self.counters["disk_written_entries"] += 1
-        self.counters["disk_written_bytes"] += len(piece)
-        self.counters["disk_evictions"] += len(victims)
-        if self._pause_logged:
+            for _, temp, _, _ in written:
+                self.store.discard(temp)  # gone already where it was placed
+        self.counters["disk_evictions"] += len(evicted)
+        done = set(admitted)
+        for name, _, _, new_bytes in written:
+            if name in done:
+                self.counters["disk_written_entries"] += 1
+                self.counters["disk_written_bytes"] += new_bytes
+        if len(done) < len(written):
+            self._pause("the limits leave no room")
+        elif self._pause_logged:
             log.info("disk cache: admitting again")
             self._pause_logged = False
 
-    def _write_temp(
+    def _write_temps(
         self,
-        key: EntryKey,
-        start: int,
-        piece: bytes | memoryview,
-        eof: int | None,
+        batch: list[Queued],
+        written: list[tuple[str, str, int, int]],
         corrupt: list[tuple[str, str]],
-    ) -> tuple[str, int] | None:
-        """A temporary file with the unit's entry as it is on disk now plus ``piece``;
-        None when that adds nothing.  Runs in a worker thread."""
-        entry = (self._read(key, corrupt) or Entry()).merged(start, piece, eof)
-        if entry is None:
-            return None
-        return self.store.write_temp(key, entry)
+    ) -> None:
+        """Temporary files of the batch's units, each as it is on disk now plus the
+        batch's pieces of it (a unit with nothing new is left out), into ``written``.
+        Runs in a worker thread."""
+        merged: dict[str, tuple[Entry, int]] = {}  # name -> entry, its place in written
+        for key, start, piece, eof in batch:
+            name = key.name
+            seen = merged.get(name)
+            base = seen[0] if seen else (self._read(key, corrupt) or Entry())
+            entry = base.merged(start, piece, eof)
+            if entry is None:
+                continue
+            temp, size = self.store.write_temp(key, entry)
+            new_bytes = entry.size - base.size
+            if seen is not None:
+                _, old_temp, _, before = written[seen[1]]
+                self.store.discard(old_temp)
+                written[seen[1]] = (name, temp, size, before + new_bytes)
+                merged[name] = (entry, seen[1])
+            else:
+                merged[name] = (entry, len(written))
+                written.append((name, temp, size, new_bytes))
 
-    def _admit(self, name: str, temp: str, size: int) -> list[str]:
+    def _admit(self, written: list[tuple[str, str, int, int]]) -> tuple[list[str], list[str]]:
         """Runs in a worker thread, holding the index."""
-        victims = self.index.admit(
-            name,
-            size,
-            time.time(),
-            self._limits(),
-            self._free,
-            lambda: self.store.place(temp, name),
-            self.store.remove,
+        items = [
+            (name, size, functools.partial(self.store.place, temp, name))
+            for name, temp, size, _ in written
+        ]
+        admitted, evicted = self.index.admit(
+            items, time.time(), self._limits(), self._free, self.store.remove
         )
         self._usage = self.index.total()
-        return victims
+        return admitted, evicted
 
     def _free(self) -> int:
         return self.store.space().free

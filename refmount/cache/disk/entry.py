@@ -118,6 +118,8 @@ class Entry:
     def merged(self, start: int, piece: bytes | memoryview, eof: int | None) -> Entry | None:
         """This entry with ``piece`` at ``start`` added (and ``eof`` learnt); None when
         it adds nothing."""
+        if not self.spans and piece:  # the common case: a new entry, no copy
+            return Entry([(start, start + len(piece))], piece, eof)
         segments: list[tuple[int, bytes | memoryview]] = []
         pos = 0
         view = memoryview(self.data)
@@ -167,25 +169,44 @@ def encode(key: EntryKey, entry: Entry) -> list[bytes | memoryview]:
     return [head + _CRC.pack(zlib.crc32(head)), entry.data]
 
 
-def decode(key: EntryKey, blob: bytes) -> Entry:
-    """The entry in a file's whole contents ``blob``, looked up by ``key``, or
-    :class:`CorruptEntry`."""
-    if len(blob) < _FIXED.size + _CRC.size:
-        raise CorruptEntry(f"{len(blob)} bytes: shorter than a header")
+@dataclass(frozen=True)
+class Header:
+    """A checked header: the entry's spans and end of object, and where its data is."""
+
+    spans: list[tuple[int, int]]
+    eof: int | None
+    size: int
+    data_crc: int
+    data_offset: int
+
+
+def header_length(head: bytes) -> int:
+    """How many bytes the header that ``head`` starts has (its first bytes tell)."""
+    if len(head) < _FIXED.size:
+        raise CorruptEntry(f"{len(head)} bytes: shorter than a header")
+    *_, url_len, val_len = _FIXED.unpack_from(head)
+    count = _FIXED.unpack_from(head)[2]
+    if url_len > MAX_FIELD or val_len > MAX_FIELD or count > MAX_SPANS:
+        raise CorruptEntry("header fields too long")
+    return _FIXED.size + url_len + val_len + count * _SPAN.size + _CRC.size
+
+
+def decode_header(key: EntryKey, head: bytes) -> Header:
+    """The header at the start of ``head`` (which holds at least ``header_length``
+    bytes, or it is truncated), checked against ``key``, or :class:`CorruptEntry`."""
+    need = header_length(head)
+    if len(head) < need:
+        raise CorruptEntry("truncated header")
     magic, version, count, offset, length, eof, size, data_crc, url_len, val_len = (
-        _FIXED.unpack_from(blob)
+        _FIXED.unpack_from(head)
     )
     if magic != MAGIC:
         raise CorruptEntry("not an entry (bad magic)")
     if version != FORMAT_VERSION:
         raise CorruptEntry(f"format version {version}, not {FORMAT_VERSION}")
-    if url_len > MAX_FIELD or val_len > MAX_FIELD or count > MAX_SPANS:
-        raise CorruptEntry("header fields too long")
-    head_end = _FIXED.size + url_len + val_len + count * _SPAN.size
-    if len(blob) < head_end + _CRC.size:
-        raise CorruptEntry("truncated header")
-    (head_crc,) = _CRC.unpack_from(blob, head_end)
-    view = memoryview(blob)
+    head_end = need - _CRC.size
+    (head_crc,) = _CRC.unpack_from(head, head_end)
+    view = memoryview(head)
     if zlib.crc32(view[:head_end]) != head_crc:
         raise CorruptEntry("header checksum mismatch")
     at = _FIXED.size
@@ -196,7 +217,7 @@ def decode(key: EntryKey, blob: bytes) -> Entry:
     if (url, validator, offset, length) != (key.url, key.validator, key.offset, key.length):
         raise CorruptEntry("the header names another entry")
     at += url_len + val_len
-    spans = [_SPAN.unpack_from(blob, at + i * _SPAN.size) for i in range(count)]
+    spans = [_SPAN.unpack_from(head, at + i * _SPAN.size) for i in range(count)]
     previous = offset - 1
     for lo, hi in spans:
         if not (previous < lo < hi <= offset + length):
@@ -206,9 +227,20 @@ def decode(key: EntryKey, blob: bytes) -> Entry:
         raise CorruptEntry("the spans do not add up to the data")
     if eof != NO_EOF and not (offset <= eof <= offset + length and previous <= eof):
         raise CorruptEntry("end of object outside the unit")
-    data = view[head_end + _CRC.size :]
-    if len(data) != size:
-        raise CorruptEntry(f"{len(data)} bytes of data, the header says {size}")
-    if zlib.crc32(data) != data_crc:
+    return Header(spans, None if eof == NO_EOF else eof, size, data_crc, need)
+
+
+def with_data(header: Header, data: bytes | memoryview) -> Entry:
+    """The entry of ``header`` and the bytes found after it, checked."""
+    if len(data) != header.size:
+        raise CorruptEntry(f"{len(data)} bytes of data, the header says {header.size}")
+    if zlib.crc32(data) != header.data_crc:
         raise CorruptEntry("data checksum mismatch")
-    return Entry(spans, data, None if eof == NO_EOF else eof)
+    return Entry(header.spans, data, header.eof)
+
+
+def decode(key: EntryKey, blob: bytes) -> Entry:
+    """The entry in a file's whole contents ``blob``, looked up by ``key``, or
+    :class:`CorruptEntry`."""
+    header = decode_header(key, blob)
+    return with_data(header, memoryview(blob)[header.data_offset :])

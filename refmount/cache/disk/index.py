@@ -83,10 +83,6 @@ def plan_eviction(
     return victims if freed >= need else None
 
 
-class NoRoom(Exception):
-    """Even evicting every entry would not make room for the new one."""
-
-
 class Index:
     """One process's connection to the shared index (used from one thread at a time)."""
 
@@ -125,39 +121,51 @@ class Index:
 
     def admit(
         self,
-        name: str,
-        size: int,
+        items: list[tuple[str, int, Callable[[], None]]],
         now: float,
         limits: Limits,
         free: Callable[[], int],
-        place: Callable[[], None],
         remove: Callable[[str], None],
-    ) -> list[str]:
-        """Admit entry ``name`` of ``size`` bytes (new, or replacing the entry of that
-        name): in one transaction, pick the victims, ``remove`` each (delete its file),
-        ``place`` the new entry (rename it into place), and record it all.  Returns the
-        victims' names; :class:`NoRoom` when there is no room (nothing changed).  An
-        exception from ``place`` undoes the transaction."""
+    ) -> tuple[list[str], list[str]]:
+        """Admit entries, each ``(name, size, place)`` (new, or replacing the entry of
+        that name), in one transaction: for each, pick the victims, ``remove`` each
+        (delete its file), ``place`` the new entry (rename it into place), and record it
+        all.  Returns (the names admitted, the victims' names); an entry for which even
+        evicting everything would not make room is left out (its ``place`` not called).
+        An exception from ``place`` undoes the whole transaction."""
+        admitted: list[str] = []
+        evicted: list[str] = []
         with self._transaction() as db:
-            row = db.execute("SELECT blocks FROM entries WHERE name = ?", (name,)).fetchone()
-            replaced = 0 if row is None else int(row[0])
-            total = self.total() - replaced
-            rows = db.execute(
-                "SELECT name, blocks FROM entries WHERE name != ? ORDER BY used", (name,)
-            )
-            victims = plan_eviction(
-                rows, total=total, incoming=size, free=free() + replaced, limits=limits
-            )
-            if victims is None:
-                raise NoRoom(f"no room for {size} bytes ({total} in use)")
-            for victim, _ in victims:
-                remove(victim)
-            place()
-            db.executemany("DELETE FROM entries WHERE name = ?", [(v,) for v, _ in victims])
-            db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?)", (name, size, now))
-            freed = sum(s for _, s in victims) + replaced
-            db.execute("UPDATE totals SET bytes = bytes + ? WHERE id = 0", (size - freed,))
-        return [v for v, _ in victims]
+            total = self.total()
+            for name, size, place in items:
+                row = db.execute("SELECT blocks FROM entries WHERE name = ?", (name,)).fetchone()
+                replaced = 0 if row is None else int(row[0])
+
+                def candidates(name: str = name) -> Iterator[tuple[str, int]]:
+                    # Asked only when something must go.
+                    yield from db.execute(
+                        "SELECT name, blocks FROM entries WHERE name != ? ORDER BY used", (name,)
+                    )
+
+                victims = plan_eviction(
+                    candidates(),
+                    total=total - replaced,
+                    incoming=size,
+                    free=free() + replaced,
+                    limits=limits,
+                )
+                if victims is None:
+                    continue
+                for victim, _ in victims:
+                    remove(victim)
+                place()
+                db.executemany("DELETE FROM entries WHERE name = ?", [(v,) for v, _ in victims])
+                db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?)", (name, size, now))
+                total += size - replaced - sum(s for _, s in victims)
+                admitted.append(name)
+                evicted += [v for v, _ in victims]
+            db.execute("UPDATE totals SET bytes = ? WHERE id = 0", (total,))
+        return admitted, evicted
 
     def trim(self, limits: Limits, free: Callable[[], int], remove: Callable[[str], None]) -> int:
         """Evict what the limits say must go now (no admission: the limits or the free

@@ -32,20 +32,20 @@ import stat
 from dataclasses import dataclass
 
 from refmount.cache.disk.entry import (
-    MAX_FIELD,
-    MAX_SPANS,
     CorruptEntry,
     Entry,
     EntryKey,
-    decode,
+    decode_header,
     encode,
+    header_length,
+    with_data,
 )
 
 #: Errors that mean "no room, or no writing here": admission stops for a while.
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 _ENTRY_NAME = re.compile(r"^[0-9a-f]{62}$")
 _PREFIX = re.compile(r"^[0-9a-f]{2}$")
-_HEADER_ROOM = 2 * MAX_FIELD + 16 * MAX_SPANS + 256  # more than any header
+HEAD_READ = 4096  # bytes read first: the whole header of nearly every entry
 
 
 class DiskCacheError(Exception):
@@ -170,8 +170,9 @@ class Store:
         return os.path.join(self.data, name)
 
     def read(self, key: EntryKey) -> Entry | None:
-        """The data of ``key``'s entry; None when there is none; :class:`CorruptEntry`
-        (the file removed) when there is one that fails a check."""
+        """The entry of ``key``; None when there is none; :class:`CorruptEntry` (the
+        file removed) when there is one that fails a check.  Header and data are read
+        apart, so that the data is one ``bytes`` object the reader gets as it is."""
         path = self.path(key.name)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -179,17 +180,23 @@ class Store:
             return None
         try:
             st = os.fstat(fd)
-            limit = key.length + _HEADER_ROOM
-            blob = _read_all(fd, min(st.st_size, limit) + 1)
+            try:
+                head = os.pread(fd, HEAD_READ, 0)
+                length = header_length(head)
+                if length > len(head):
+                    head = os.pread(fd, length, 0)
+                header = decode_header(key, head)
+                if st.st_size != header.data_offset + header.size:
+                    raise CorruptEntry(
+                        f"{st.st_size - header.data_offset} bytes of data, "
+                        f"the header says {header.size}"
+                    )
+                return with_data(header, _read_all(fd, header.size, header.data_offset))
+            except CorruptEntry:
+                self._remove_if_same(path, st)
+                raise
         finally:
             os.close(fd)
-        try:
-            if len(blob) > limit:
-                raise CorruptEntry(f"{len(blob)} bytes: longer than any entry of this key")
-            return decode(key, blob)
-        except CorruptEntry:
-            self._remove_if_same(path, st)
-            raise
 
     def _remove_if_same(self, path: str, st: os.stat_result) -> None:
         """Unlink ``path`` if it is still the file that was read (another process may
@@ -275,14 +282,14 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
-def _read_all(fd: int, limit: int) -> bytes:
-    """Up to ``limit`` bytes from the start of ``fd``."""
-    pieces = []
-    got = 0
-    while got < limit:
-        piece = os.pread(fd, limit - got, got)
-        if not piece:
-            break
+def _read_all(fd: int, size: int, offset: int) -> bytes:
+    """``size`` bytes of ``fd`` from ``offset`` (fewer if the file is shorter)."""
+    data = os.pread(fd, size, offset)
+    if len(data) == size or not data:
+        return data
+    pieces = [data]
+    got = len(data)
+    while got < size and (piece := os.pread(fd, size - got, offset + got)):
         pieces.append(piece)
         got += len(piece)
-    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    return b"".join(pieces)

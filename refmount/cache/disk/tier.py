@@ -40,7 +40,7 @@ class DiskTier:
         self.fetcher = fetcher
         self.unit = unit
         self.validators = Validators(
-            fetcher.validator,
+            fetcher.version,
             interval=disk.config.check_interval,
             immutable=disk.config.immutable,
             counters=disk.counters,
@@ -53,7 +53,14 @@ class DiskTier:
         """Bytes ``[start, end)`` of ``url``, as :meth:`Fetcher.fetch` gives them."""
         if end <= start:
             return b""
-        validator = await self.validators.current(url)
+        validator, size = await self.validators.current(url)
+        if size is not None and end > size:  # past the end of the object
+            if not allow_short:  # not what the reference says: the fetcher reports it
+                validator = None
+            elif start >= size:
+                return b""
+            else:
+                end = size
         if validator is None:
             self.disk.counters["disk_bypassed"] += 1
             return await self.fetcher.fetch(url, start, end, allow_short=allow_short)
@@ -116,7 +123,7 @@ class DiskTier:
             piece = view[start - lo : stop - lo]
             pieces[i] = piece
             ends_here = eof is not None and eof <= keys[i].end
-            self.disk.admit(keys[i], start, piece, eof if ends_here else None)
+            await self.disk.admit(keys[i], start, piece, eof if ends_here else None)
             if len(piece) < stop - start:
                 break
 
@@ -147,6 +154,11 @@ def _joined(wants: list[tuple[int, int]], pieces: list[bytes | memoryview | None
         kept.append(piece)
         if len(piece) < hi - lo:
             break
-    if len(kept) == 1 and isinstance(kept[0], bytes):
-        return kept[0]
+    if len(kept) == 1:
+        piece = kept[0]
+        if isinstance(piece, bytes):
+            return piece
+        whole = piece.obj  # a view of all of one entry's data, or of a fetch: no copy
+        if isinstance(whole, bytes) and piece.nbytes == len(whole):
+            return whole
     return b"".join(kept)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import trio
 
 from refmount.errors import FetchError
+from refmount.fetch import Version
 
 log = logging.getLogger(__name__)
 
@@ -26,21 +27,24 @@ RETRY_AFTER_FAILURE = 5.0  # seconds before a failed question is asked again
 REMEMBERED = 100_000  # objects whose answers are kept (least recently asked go first)
 
 
+NO_VERSION = Version(None, None)
+
+
 @dataclass
 class _Answer:
-    validator: str | None
+    version: Version
     asked: float
     failed: bool = False
     asking: trio.Event | None = None
 
 
 class Validators:
-    """The current validator of each object, asked through ``check`` (the fetcher's
-    :meth:`~refmount.fetch.Fetcher.validator`)."""
+    """The current version of each object, asked through ``check`` (the fetcher's
+    :meth:`~refmount.fetch.Fetcher.version`)."""
 
     def __init__(
         self,
-        check: Callable[[str], Awaitable[str | None]],
+        check: Callable[[str], Awaitable[Version]],
         *,
         interval: float,
         immutable: bool,
@@ -52,34 +56,34 @@ class Validators:
         self.counters = counters
         self._answers: OrderedDict[str, _Answer] = OrderedDict()
 
-    async def current(self, url: str) -> str | None:
-        """The validator to key ``url``'s entries by now; None: do not use the disk for
-        it (the store names no version and the data is not declared immutable, or the
-        question failed)."""
+    async def current(self, url: str) -> Version:
+        """The validator to key ``url``'s entries by now, and the object's size; a
+        validator of None: do not use the disk for it (the store names no version and
+        the data is not declared immutable, or the question failed)."""
         now = trio.current_time()
         answer = self._answers.get(url)
         if answer is not None:
             self._answers.move_to_end(url)
             if answer.asking is not None:
                 await answer.asking.wait()
-                return answer.validator
+                return answer.version
             wait = RETRY_AFTER_FAILURE if answer.failed else self.interval
             if now - answer.asked < wait:
-                return answer.validator
+                return answer.version
         return await self._ask(url, now)
 
-    async def _ask(self, url: str, now: float) -> str | None:
-        answer = _Answer(None, now, failed=True, asking=trio.Event())
+    async def _ask(self, url: str, now: float) -> Version:
+        answer = _Answer(NO_VERSION, now, failed=True, asking=trio.Event())
         self._answers[url] = answer
         self._answers.move_to_end(url)
         while len(self._answers) > REMEMBERED:
             self._answers.popitem(last=False)
         self.counters["disk_validations"] += 1
         try:
-            validator = await self.check(url)
-            if validator is None and self.immutable:
-                validator = IMMUTABLE
-            answer.validator, answer.failed = validator, False
+            version = await self.check(url)
+            if version.validator is None and self.immutable:
+                version = Version(IMMUTABLE, version.size)
+            answer.version, answer.failed = version, False
         except Exception as exc:  # a failed question (cancelled: failed too, as set)
             self.counters["disk_validation_failures"] += 1
             if not isinstance(exc, FetchError):
@@ -89,4 +93,4 @@ class Validators:
             event, answer.asking = answer.asking, None
             assert event is not None
             event.set()
-        return answer.validator
+        return answer.version

@@ -21,6 +21,8 @@ from tests.support.mounting import Mounted, unmount
 from tests.support.remote_files import write_refs
 from tests.support.servers import RangeServer
 
+#: Mounting a tmpfs and giving a directory to another user need root.
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (tmpfs, chown)")
 CHUNK = 100_000  # bytes per chunk key (whole references: one entry each)
 CHUNKS = 24
 BIG = 3 << 20  # one file read whole by a stream (block parts: 256 KiB entries)
@@ -290,6 +292,7 @@ def test_sigkill_while_filling_leaves_only_whole_entries(
     assert list((cache / "locks").iterdir()) == []
 
 
+@needs_root
 def test_a_full_small_tmpfs_never_reaches_the_reader(
     served: RangeServer, data_set: Callable[[int], dict[str, bytes]], mounts: Mounts, tmp_path: Path
 ) -> None:
@@ -363,6 +366,7 @@ def test_mounts_sharing_a_directory_with_a_tiny_limit(
     assert entry_bytes(cache) <= limit + CHUNK + 4096
 
 
+@needs_root
 def test_a_directory_of_another_user_is_a_clear_error_at_start(tmp_path: Path) -> None:
     cache = tmp_path / "theirs"
     cache.mkdir()
@@ -380,6 +384,7 @@ def test_a_directory_of_another_user_is_a_clear_error_at_start(tmp_path: Path) -
     assert "belongs to uid 65534" in done.stderr
 
 
+@needs_root
 def test_a_read_only_directory_is_a_clear_error_at_start(tmp_path: Path) -> None:
     cache = tmp_path / "ro"
     cache.mkdir()

@@ -45,6 +45,8 @@ from refmount.cache.disk.store import FULL_ERRNOS, DiskCacheError, Store
 log = logging.getLogger(__name__)
 
 IO_THREADS = 4  # worker threads reading and writing entries at once
+LOOKUP_SLICE = 8  # units one thread reads of a larger lookup
+WRITE_THREADS = 2  # threads writing one batch
 QUEUE_BYTES = 64 << 20  # bytes waiting to be written, at most
 ADMIT_WAIT = 2.0  # seconds a fetch waits for room in the queue before it skips
 DRAIN_SECONDS = 10.0  # at a stop, the most spent writing what is queued
@@ -148,10 +150,24 @@ class DiskCache:
 
     async def lookup(self, keys: list[EntryKey]) -> list[Entry | None]:
         """The entries of ``keys`` there are, in order (None: none, or a corrupt one,
-        now removed)."""
-        found, corrupt = await trio.to_thread.run_sync(self._lookup, keys, limiter=self._io)
-        self._count_corrupt(corrupt)
-        return found
+        now removed).  Many keys (read-ahead) are read by several threads at once:
+        reading and checking a unit is mostly copying memory, which the GIL lets go."""
+        if len(keys) <= LOOKUP_SLICE:
+            found, corrupt = await trio.to_thread.run_sync(self._lookup, keys, limiter=self._io)
+            self._count_corrupt(corrupt)
+            return found
+        slices: list[list[Entry | None]] = []
+
+        async def one(at: int, part: list[EntryKey]) -> None:
+            got, corrupt = await trio.to_thread.run_sync(self._lookup, part, limiter=self._io)
+            self._count_corrupt(corrupt)
+            slices[at] = got
+
+        async with trio.open_nursery() as nursery:
+            for at, first in enumerate(range(0, len(keys), LOOKUP_SLICE)):
+                slices.append([])
+                nursery.start_soon(one, at, keys[first : first + LOOKUP_SLICE])
+        return [entry for got in slices for entry in got]
 
     def used(self, key: EntryKey, size: int) -> None:
         """Count a hit of ``size`` bytes in ``key``'s entry, and remember its use."""
@@ -244,18 +260,33 @@ class DiskCache:
             self.counters["disk_refusals"] += len(batch)
             return
         corrupt: list[tuple[str, str]] = []
-        written: list[tuple[str, str, int, int]] = []  # name, temp, bytes on disk, new bytes
-        try:
-            await trio.to_thread.run_sync(
-                self._write_temps, batch, written, corrupt, limiter=self._io
-            )
-        except OSError as exc:
+        # Units split between WRITE_THREADS threads, every piece of one unit in the same.
+        groups: list[list[Queued]] = [[] for _ in range(WRITE_THREADS)]
+        for item in batch:
+            groups[hash(item[0].name) % WRITE_THREADS].append(item)
+        lists: list[list[tuple[str, str, int, int]]] = []  # name, temp, on disk, new bytes
+        failures: list[OSError] = []
+
+        async def write(group: list[Queued], written: list[tuple[str, str, int, int]]) -> None:
+            try:
+                await trio.to_thread.run_sync(
+                    self._write_temps, group, written, corrupt, limiter=self._io
+                )
+            except OSError as exc:
+                failures.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for group in groups:
+                if group:
+                    lists.append([])
+                    nursery.start_soon(write, group, lists[-1])
+        self._count_corrupt(corrupt)
+        for exc in failures[:1]:
             if exc.errno in FULL_ERRNOS:
                 self._pause(f"{exc.strerror} in {self.store.root}")
             else:
                 log.warning("disk cache: cannot write an entry: %s", exc)
-        finally:
-            self._count_corrupt(corrupt)
+        written = [w for got in lists for w in got]
         if not written:
             return
         try:

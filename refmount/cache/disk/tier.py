@@ -24,12 +24,15 @@ Versions
 
 from __future__ import annotations
 
+import trio
+
 from refmount.cache.disk.cache import DiskCache
 from refmount.cache.disk.entry import EntryKey
 from refmount.cache.disk.validators import Validators
 from refmount.fetch import Fetcher
 
 UNIT = 256 << 10  # the block cache's block size: a block part's blocks are whole units
+JOIN_INLINE = 1 << 20  # pieces joined on the serving thread up to this many bytes
 
 
 class DiskTier:
@@ -80,7 +83,15 @@ class DiskTier:
         # run, and a failure reaches the block cache as the fetcher raised it.
         for first, last in _missing_runs(pieces):
             await self._fill(keys, wants, pieces, first, last, allow_short)
-        data = _joined(wants, pieces)
+        kept = _kept(wants, pieces)
+        data = _whole(kept)
+        if data is None:
+            # Joining megabytes is a copy the serving thread must not wait on.
+            data = (
+                await trio.to_thread.run_sync(b"".join, kept)
+                if sum(len(p) for p in kept) > JOIN_INLINE
+                else b"".join(kept)
+            )
         if not allow_short and len(data) != end - start:
             # An entry that says the object ends sooner than the whole reference: the
             # object is not what the reference says; the fetcher's answer decides.
@@ -145,7 +156,9 @@ def _missing_runs(pieces: list[bytes | memoryview | None]) -> list[tuple[int, in
     return runs
 
 
-def _joined(wants: list[tuple[int, int]], pieces: list[bytes | memoryview | None]) -> bytes:
+def _kept(
+    wants: list[tuple[int, int]], pieces: list[bytes | memoryview | None]
+) -> list[bytes | memoryview]:
     """The pieces in order, up to the first one that ends the object."""
     kept: list[bytes | memoryview] = []
     for (lo, hi), piece in zip(wants, pieces, strict=False):
@@ -154,11 +167,19 @@ def _joined(wants: list[tuple[int, int]], pieces: list[bytes | memoryview | None
         kept.append(piece)
         if len(piece) < hi - lo:
             break
-    if len(kept) == 1:
-        piece = kept[0]
-        if isinstance(piece, bytes):
-            return piece
-        whole = piece.obj  # a view of all of one entry's data, or of a fetch: no copy
-        if isinstance(whole, bytes) and piece.nbytes == len(whole):
-            return whole
-    return b"".join(kept)
+    return kept
+
+
+def _whole(kept: list[bytes | memoryview]) -> bytes | None:
+    """The bytes of ``kept`` without a copy, when they are all of one bytes object."""
+    if not kept:
+        return b""
+    if len(kept) > 1:
+        return None
+    piece = kept[0]
+    if isinstance(piece, bytes):
+        return piece
+    whole = piece.obj  # a view of all of one entry's data, or of a fetch
+    if isinstance(whole, bytes) and piece.nbytes == len(whole):
+        return whole
+    return None

@@ -227,6 +227,28 @@ def test_reconcile_finds_files_without_rows_and_drops_rows_without_files(tmp_pat
         store.close()
 
 
+def test_an_unreadable_index_is_replaced_and_rebuilt_from_the_files(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    store = Store(str(root))
+    key = EntryKey("u", "v", 0, 100)
+    temp, size = store.write_temp(key, Entry([(0, 3)], b"abc"))
+    store.place(temp, key.name)
+    store.close()
+    (root / "index.sqlite").write_bytes(b"not a database" * 100)
+
+    async def open_and_tidy() -> int:
+        disk = DiskCache(DiskCacheConfig(str(root)))
+        assert disk.index.created
+        async with trio.open_nursery() as nursery:
+            await nursery.start(disk.run)
+            await disk._tidy()
+            total = disk.index.total()
+            nursery.cancel_scope.cancel()
+        return total
+
+    assert trio.run(open_and_tidy) == size
+
+
 # -- the directory --------------------------------------------------------------------------
 
 HOLDER = """

@@ -453,9 +453,9 @@ def _open_index(path: str) -> Index:
     reconciling rebuilds it)."""
     try:
         return Index(path)
-    except sqlite3.DatabaseError as exc:
-        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-            raise DiskCacheError(f"the index {path} stays locked: {exc}") from None
+    except sqlite3.OperationalError as exc:  # locked, read-only, I/O error: not ours to fix
+        raise DiskCacheError(f"cannot open the index {path}: {exc}") from None
+    except sqlite3.DatabaseError as exc:  # not a database, or a damaged one
         log.warning("disk cache: the index %s is unreadable (%s): making a new one", path, exc)
     for suffix in ("", "-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):

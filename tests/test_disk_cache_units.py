@@ -26,6 +26,7 @@ from refmount.cache.disk.store import Store
 from refmount.fetch import Fetcher
 from refmount.fetch.backend import version_of
 from refmount.fetch.fsspec_backend import version_of_info
+from refmount.options import parse_args
 from tests.support.servers import RangeServer
 
 KEY = EntryKey("https://example.org/a.nc", 'etag:"x"|size:9', 1 << 18, 1 << 18)
@@ -356,3 +357,20 @@ def test_the_tier_keeps_bytes_across_processes_and_notices_a_rewrite(tmp_path: P
             if start <= covered:
                 covered = max(covered, end)
         assert covered == len(changed)
+
+
+def test_disk_cache_options_as_mount_options() -> None:
+    config = parse_args(
+        ["r.json", "/mnt", "-o", "disk_cache=/c,disk_cache_min_free=5%,disk_cache_size=2G",
+         "-o", "disk_cache_immutable,disk_cache_check_interval=30"]
+    )  # fmt: skip
+    assert config.disk_cache == "/c"
+    assert config.disk_cache_min_free == 0.05
+    assert config.disk_cache_size == 2 << 30
+    assert config.disk_cache_immutable
+    assert config.disk_cache_check_interval == 30.0
+    assert parse_args(["r.json", "/mnt", "--disk-cache-min-free", "1G"]).disk_cache_min_free == (
+        1 << 30
+    )
+    with pytest.raises(SystemExit):
+        parse_args(["r.json", "/mnt", "--disk-cache-min-free", "150%"])

@@ -99,6 +99,11 @@ class Config:
     catalog_ttl: float = 60.0
     max_loaded_sets: int = 64
     catalog_memory: int = 1 << 30
+    disk_cache: str | None = None
+    disk_cache_size: int = 10 << 30
+    disk_cache_min_free: int | float = 0.10
+    disk_cache_immutable: bool = False
+    disk_cache_check_interval: float = 60.0
 
 
 def parse_size(text: str) -> int:
@@ -119,6 +124,19 @@ def memory_size(text: str) -> int:
             f"must be between 1M and this machine's memory ({human_size(physical)}): {text!r}"
         )
     return value
+
+
+def size_or_percent(text: str) -> int | float:
+    """``2G`` -> bytes; ``10%`` -> the fraction 0.1 (of a filesystem's size)."""
+    if text.strip().endswith("%"):
+        try:
+            percent = float(text.strip()[:-1])
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a percentage: {text!r}") from None
+        if not 0 <= percent < 100:
+            raise argparse.ArgumentTypeError(f"a percentage from 0 to 99: {text!r}")
+        return percent / 100
+    return parse_size(text)
 
 
 def human_size(size: int) -> str:
@@ -343,6 +361,42 @@ def build_parser() -> argparse.ArgumentParser:
         default=Config.max_background,
         metavar="N",
         help="kernel FUSE requests in flight (default %(default)s)",
+    )
+    g = p.add_argument_group("disk cache")
+    g.add_argument(
+        "--disk-cache",
+        metavar="DIR",
+        help="keep fetched bytes in DIR (made if missing, must be this user's own), "
+        "shared by every refmount that uses it, kept across mounts",
+    )
+    g.add_argument(
+        "--disk-cache-size",
+        type=parse_size,
+        default=Config.disk_cache_size,
+        metavar="SIZE",
+        help="most the entries in DIR take, in allocated blocks (default "
+        f"{human_size(Config.disk_cache_size)})",
+    )
+    g.add_argument(
+        "--disk-cache-min-free",
+        type=size_or_percent,
+        default=Config.disk_cache_min_free,
+        metavar="SIZE|PCT",
+        help="free space to leave on DIR's filesystem (default 10%%)",
+    )
+    g.add_argument(
+        "--disk-cache-immutable",
+        action="store_true",
+        help="keep objects whose store names no version (no ETag, generation or "
+        "Last-Modified) too: say so only for data that never changes",
+    )
+    g.add_argument(
+        "--disk-cache-check-interval",
+        type=seconds,
+        default=Config.disk_cache_check_interval,
+        metavar="S",
+        help="ask an object's version (one HEAD or stat) at most every S seconds "
+        "(default %(default)g)",
     )
     g = p.add_argument_group("ownership and access")
     g.add_argument("--allow-other", action="store_true", help="let other users read the mount")

@@ -18,6 +18,7 @@ import pyfuse3
 import trio
 
 from refmount.cache import BlockCache
+from refmount.cache.disk import DiskCache, DiskCacheConfig, DiskTier
 from refmount.catalog import is_catalog
 from refmount.catalog.catalog import Catalog
 from refmount.catalog.serving import open_catalog
@@ -77,6 +78,7 @@ class Daemon:
     #: Loads REFS for a reload: the decoded view wraps what it loads.
     load_set: Callable[[Config], RefSet] = lambda config: load_refset(config)
     catalog: Catalog | None = None
+    disk: DiskCache | None = None
 
     @classmethod
     def load(cls, config: Config) -> Daemon:
@@ -87,14 +89,15 @@ class Daemon:
             refset = load_refset(config, progress)
         fetcher = _fetcher(config)
         fetcher.confine_flat_options(refset.target_urls())
-        cache = BlockCache(fetcher, budget=config.cache_size, extent=refset.url_extent)
+        cache, disk = _block_cache(config, fetcher, refset.url_extent)
         reads, view = _reads(config, cache)
         owner = Owner(config.uid, config.gid, config.umask)
         tree = Tree(view(refset), owner, fetcher.size, fetcher.known_size)
         operations = Operations(tree, reads, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
         state = _mount_state(config, fetcher, reads, lambda: _key_count(operations.tree.refset))
         control = _serve_state(operations, state, config)
-        return cls(config, operations, cache, control, lambda config: view(load_refset(config)))
+        load = lambda config: view(load_refset(config))  # noqa: E731
+        return cls(config, operations, cache, control, load, disk=disk)
 
     @classmethod
     def load_catalog(cls, config: Config) -> Daemon:
@@ -107,14 +110,14 @@ class Daemon:
         catalog, tree = open_catalog(
             config, fetcher, owner, lambda config: view(load_refset(config))
         )
-        cache = BlockCache(fetcher, budget=config.cache_size, extent=catalog.url_extent)
+        cache, disk = _block_cache(config, fetcher, catalog.url_extent)
         reads, view = _reads(config, cache)
         operations = Operations(tree, reads, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
         catalog.kernel = operations
         state = _mount_state(config, fetcher, reads, catalog.key_count, catalog.status)
         catalog.record = state.record_reload
         control = _serve_state(operations, state, config)
-        return cls(config, operations, cache, control, catalog=catalog)
+        return cls(config, operations, cache, control, catalog=catalog, disk=disk)
 
     def run(self, ready: Callable[[], None], on_error: Callable[[str], None] | None) -> int:
         mountpoint = self.config.mountpoint
@@ -152,6 +155,8 @@ class Daemon:
             else:
                 self.operations.tree.refset.close()
             self.cache.fetcher.close()
+            if self.disk is not None:
+                self.disk.close()
             log.info("unmounted %s", mountpoint)
 
     async def _main(self, ready: Callable[[], None]) -> None:
@@ -163,6 +168,8 @@ class Daemon:
             self.control.state.record_reload,
         )
         async with trio.open_nursery() as nursery:
+            if self.disk is not None:
+                await nursery.start(self.disk.run)
             await nursery.start(self.cache.run)
             await nursery.start(self.control.run)
             # SIGHUP refreshes a catalog (which reloads its changed sets), else reloads.
@@ -224,6 +231,31 @@ class Daemon:
                 log.warning("requests still in flight after %g s: cancelling them", STOP_GRACE)
                 scope.cancel()
                 return
+
+
+def _block_cache(
+    config: Config, fetcher: Fetcher, extent: Callable[[str], int | None]
+) -> tuple[BlockCache, DiskCache | None]:
+    """The memory cache, fetching through the disk cache when there is one."""
+    disk = open_disk_cache(config)
+    source = None if disk is None else DiskTier(disk, fetcher)
+    return BlockCache(fetcher, budget=config.cache_size, extent=extent, source=source), disk
+
+
+def open_disk_cache(config: Config) -> DiskCache | None:
+    """The process's disk cache (``--disk-cache``), or None; DiskCacheError when its
+    directory cannot be used: a cache asked for and not there is a failed start."""
+    if config.disk_cache is None:
+        return None
+    return DiskCache(
+        DiskCacheConfig(
+            directory=config.disk_cache,
+            max_bytes=config.disk_cache_size,
+            min_free=config.disk_cache_min_free,
+            immutable=config.disk_cache_immutable,
+            check_interval=config.disk_cache_check_interval,
+        )
+    )
 
 
 def load_refset(config: Config, progress: Callable[[str, int, int], None] | None = None) -> RefSet:

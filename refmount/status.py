@@ -161,6 +161,8 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
         ("cached", f"{_size(cache.get('bytes_cached', 0))} of {_size(cache.get('budget', 0))}"),
     ]
     rows += _catalog_rows(status.get("catalog"))
+    if "disk_hits" in cache:
+        rows += _disk_rows(cache)
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -181,6 +183,26 @@ def _catalog_rows(catalog: dict[str, Any] | None) -> list[tuple[str, str]]:
     for name, error in sorted(catalog.get("errors", {}).items()):
         rows.append(("load error", f"{name}: {error}"))
     return rows
+
+
+def _disk_rows(cache: dict[str, Any]) -> list[tuple[str, str]]:
+    """The disk cache's counters (``--disk-cache``)."""
+    return [
+        ("disk hits", f"{cache.get('disk_hits', 0):,} ({_size(cache.get('disk_hit_bytes', 0))})"),
+        ("disk misses", f"{cache.get('disk_misses', 0):,}"),
+        (
+            "disk written",
+            f"{cache.get('disk_written_entries', 0):,} entries "
+            f"({_size(cache.get('disk_written_bytes', 0))})",
+        ),
+        ("disk evictions", f"{cache.get('disk_evictions', 0):,}"),
+        ("disk corrupt found", f"{cache.get('disk_corrupt', 0):,}"),
+        ("disk refusals", f"{cache.get('disk_refusals', 0):,}"),
+        (
+            "disk used",
+            f"{_size(cache.get('disk_bytes', 0))} of {_size(cache.get('disk_limit', 0))}",
+        ),
+    ]
 
 
 def _size(n: int) -> str:

@@ -52,6 +52,7 @@ from __future__ import annotations
 import errno
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
@@ -73,6 +74,17 @@ Key = tuple[str, int]
 PlanEntry = list
 
 
+class PartSource(Protocol):
+    """Where parts' bytes come from instead of the fetcher itself: the disk tier
+    (:class:`refmount.cache.disk.DiskTier`), with counters of its own."""
+
+    async def fetch(
+        self, url: str, start: int, end: int, *, allow_short: bool = False
+    ) -> bytes: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+
 class BlockCache:
     """Blocks of remote files shared by every reader, bounded by one memory budget."""
 
@@ -87,10 +99,12 @@ class BlockCache:
         initial_window: int = INITIAL_WINDOW,
         max_window: int = MAX_WINDOW,
         ahead_ttl: float = AHEAD_TTL,
+        source: PartSource | None = None,
     ) -> None:
         if block_size <= 0 or max_part < block_size:
             raise ValueError("block_size must be positive and max_part at least block_size")
         self.fetcher = fetcher
+        self.source = source
         self.budget = budget
         self.extent = extent
         self.block_size = block_size
@@ -203,6 +217,8 @@ class BlockCache:
             budget=self.budget,
             block_size=self.block_size,
         )
+        if self.source is not None:
+            out.update(self.source.stats())
         return out
 
     # -- reading --------------------------------------------------------------------------
@@ -345,7 +361,9 @@ class BlockCache:
         """Fetch exactly what a read needs, bypassing the cache (no room in the budget)."""
         self._counters["uncached_reads"] += 1
         data = self.fetcher.try_now(url, start, end)
-        return data if data is not None else await self.fetcher.fetch(url, start, end)
+        return (
+            data if data is not None else await (self.source or self.fetcher).fetch(url, start, end)
+        )
 
     # -- read-ahead -----------------------------------------------------------------------
 
@@ -442,7 +460,7 @@ class BlockCache:
         try:
             # A whole reference must come back whole; blocks may end with the file.  The
             # fast path has been tried (``_launch``).
-            data = await self.fetcher.fetch(
+            data = await (self.source or self.fetcher).fetch(
                 part.url, part.start, part.end, allow_short=part.exact is None
             )
         except FetchError as exc:

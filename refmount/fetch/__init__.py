@@ -1,6 +1,7 @@
 """Remote byte ranges: one fetcher (deadlines, retries, length checks) over backends
 that move the bytes (local files, fsspec)."""
 
+from refmount.fetch.backend import Version
 from refmount.fetch.fetcher import Fetcher, FetchPolicy, FetchStats, classify, protocol_of, redact
 from refmount.fetch.local import LOCAL_PROTOCOLS, NOWAIT_MAX, OPEN_LOCAL_FILES
 
@@ -11,6 +12,7 @@ __all__ = [
     "FetchPolicy",
     "FetchStats",
     "Fetcher",
+    "Version",
     "classify",
     "protocol_of",
     "redact",

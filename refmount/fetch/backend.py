@@ -8,10 +8,19 @@ same ones.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 #: The largest size a file can report (``st_size`` is a signed 64-bit number).
 MAX_FILE_SIZE = (1 << 63) - 1
+
+
+class Version(NamedTuple):
+    """What one HEAD or stat says of an object's current version: its validator (see
+    :func:`version_of`; None when the store gives nothing that changes with the bytes)
+    and its size (None when not given)."""
+
+    validator: str | None
+    size: int | None
 
 
 class WrongAnswer(Exception):
@@ -40,6 +49,10 @@ class Backend(Protocol):
         """The size of the whole file at ``url``."""
         ...
 
+    async def version(self, url: str) -> Version:
+        """What names the current version of the file at ``url``: one HEAD or stat."""
+        ...
+
     async def prepare(self) -> None:
         """Get ready for the first read (imports, sessions); failures are left for that
         read to report."""
@@ -48,3 +61,33 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release what the backend holds open."""
         ...
+
+
+def version_of(
+    *,
+    etag: object = None,
+    generation: object = None,
+    size: object = None,
+    modified: object = None,
+) -> str | None:
+    """A validator: a string that changes whenever the object's bytes may have changed.
+
+    A generation or version id (GCS, versioned S3) or a strong ETag names one version of
+    the bytes; a weak ETag (``W/``) or none leaves size and modification time, which must
+    then both be known.  The size is in every validator, so that even a store whose
+    ETag is not a content hash (nginx's is mtime and size) changes key when it shrinks."""
+    shown_size = "" if size is None else f"|size:{size}"
+    if generation not in (None, ""):
+        return f"generation:{generation}{shown_size}"
+    tag = None if etag in (None, "") else str(etag).strip()
+    if tag and not tag.startswith("W/"):
+        return f"etag:{tag}{shown_size}"
+    if size is None or modified in (None, ""):
+        return None
+    weak = f"|etag:{tag}" if tag else ""
+    return f"modified:{modified}{shown_size}{weak}"
+
+
+def sized(size: object) -> int | None:
+    """A size a store reported, if it is one."""
+    return size if isinstance(size, int) and 0 <= size <= MAX_FILE_SIZE else None

@@ -25,7 +25,7 @@ import fsspec
 import trio
 
 from refmount.errors import FetchError
-from refmount.fetch.backend import MAX_FILE_SIZE, Backend, WrongAnswer
+from refmount.fetch.backend import MAX_FILE_SIZE, Backend, Version, WrongAnswer
 from refmount.fetch.local import LOCAL_PROTOCOLS, LocalBackend
 from refmount.fetch.obstore_backend import make_backend
 
@@ -211,6 +211,16 @@ class Fetcher:
         size = await self._with_retries(url, attempt)
         self._sizes[url] = size
         return size
+
+    async def version(self, url: str) -> Version:
+        """What names the current version of a file, and its size: one HEAD or stat,
+        with the same deadlines and retries as a read (see
+        :func:`~refmount.fetch.backend.version_of`)."""
+
+        async def attempt(backend: Backend) -> Version:
+            return await backend.version(url)
+
+        return await self._with_retries(url, attempt)
 
     async def prepare(self, protocols: Iterable[str]) -> None:
         """Make the backends of these protocols (each host given options of its own, and

@@ -27,6 +27,7 @@ import trio
 
 from refmount.errors import FetchError
 from refmount.fetch import bounded
+from refmount.fetch.backend import Version, sized, version_of
 
 
 class FsspecBackend:
@@ -66,6 +67,15 @@ class FsspecBackend:
             raise FetchError(f"the store gives no size for {path}")
         return size
 
+    async def version(self, url: str) -> Version:
+        fs = await self._filesystem()
+        path = url if _is_http(fs) else fs._strip_protocol(url)
+        if fs.async_impl:
+            info = await on_fsspec_loop(fs._info(path))
+        else:
+            info = await trio.to_thread.run_sync(fs.info, path, abandon_on_cancel=True)
+        return Version(version_of_info(info), sized(info.get("size")))
+
     async def prepare(self) -> None:
         fs = await self._filesystem()
         if fs.async_impl and hasattr(fs, "set_session"):
@@ -99,6 +109,21 @@ class FsspecBackend:
             raise FetchError(
                 f"no filesystem for protocol {self.protocol!r}: {type(exc).__name__}: {exc}"
             ) from exc
+
+
+def version_of_info(info: Mapping[str, Any]) -> str | None:
+    """The validator in an fsspec ``info`` dict, whose keys differ by filesystem (HTTP
+    headers, S3's, GCS's)."""
+
+    def first(*names: str) -> Any:
+        return next((info[n] for n in names if info.get(n) not in (None, "")), None)
+
+    return version_of(
+        etag=first("ETag", "etag", "e_tag"),
+        generation=first("generation", "VersionId", "version_id"),
+        size=info.get("size"),
+        modified=first("Last-Modified", "LastModified", "last_modified", "updated", "mtime"),
+    )
 
 
 def _is_http(fs: Any) -> bool:

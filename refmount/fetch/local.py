@@ -17,6 +17,7 @@ import trio
 from fsspec.implementations.local import LocalFileSystem
 
 from refmount.errors import FetchError
+from refmount.fetch.backend import Version
 
 LOCAL_PROTOCOLS = frozenset({"file", "local"})
 NOWAIT_MAX = 1 << 20  # the largest local read tried on the serving thread
@@ -67,6 +68,11 @@ class LocalBackend:
         if not stat.S_ISREG(st.st_mode):
             raise FetchError(f"{local_path(url)} is not a regular file")
         return st.st_size
+
+    async def version(self, url: str) -> Version:
+        """Device, inode, size and mtime: a file replaced or rewritten changes one."""
+        st = await trio.to_thread.run_sync(os.stat, local_path(url), abandon_on_cancel=True)
+        return Version(f"file:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}", st.st_size)
 
     async def prepare(self) -> None:
         pass

@@ -45,7 +45,7 @@ from urllib.parse import unquote, urlsplit
 import trio
 
 from refmount.errors import FetchError
-from refmount.fetch.backend import Backend
+from refmount.fetch.backend import Backend, Version, sized, version_of
 from refmount.fetch.fsspec_backend import FsspecBackend, on_fsspec_loop
 from refmount.fetch.obstore_options import (
     AZURE_PROTOCOLS,
@@ -170,6 +170,31 @@ class ObstoreBackend:
         if not isinstance(size, int) or size < 0:
             raise FetchError(f"{_shown(url)}: the store gives no size")
         return size
+
+    async def version(self, url: str) -> Version:
+        target = self._target(url)
+        if target is None:
+            return await self.fallback.version(url)
+        store, path = await self._store(target[0]), target[1]
+        assert self._obstore is not None
+        try:
+            meta = await on_fsspec_loop(_head(self._obstore, store, path))
+        except Exception as exc:
+            if not _head_unusable(exc):
+                raise _translated(exc, url) from None
+            return await self.fallback.version(url)
+        finally:
+            self._last_request = time.monotonic()
+        modified = meta.get("last_modified")
+        if modified is not None and modified.timestamp() == 0:
+            modified = None  # object_store's stand-in for a missing Last-Modified
+        validator = version_of(
+            etag=meta.get("e_tag"),
+            generation=meta.get("version"),
+            size=meta.get("size"),
+            modified=None if modified is None else modified.isoformat(),
+        )
+        return Version(validator, sized(meta.get("size")))
 
     async def prepare(self) -> None:
         await self._import()

@@ -35,10 +35,11 @@ def nginx_config(
     root: Path, port: int, delay: float, prefix: Path, *, autoindex: bool = False
 ) -> str:
     """A one-server configuration: ``root`` on 127.0.0.1:``port``, ranges honoured,
-    no compression, no access log; ``delay`` seconds before each data answer; with
-    ``autoindex``, a directory's URL answers an index page of its entries."""
-    body = f"echo_sleep {delay:.3f};\n            echo_exec @static;" if delay > 0 else ""
-    body += "\n            autoindex on;" if autoindex else ""
+    no compression, no access log; ``delay`` seconds before each data answer;
+    ``autoindex``: a directory's URL answers an index page of its entries (what a
+    catalog over HTTP and rclone's http remote read)."""
+    wait = f"echo_sleep {delay:.3f};\n            echo_exec @static;" if delay > 0 else ""
+    listing = "autoindex on;" if autoindex else ""
     return f"""
 load_module {ECHO_MODULE};
 daemon off;
@@ -64,8 +65,9 @@ http {{
     server {{
         listen {HOST}:{port};
         root {root};
+        {listing}
         location / {{
-            {body}
+            {wait}
         }}
         location @static {{ }}
     }}

@@ -25,6 +25,9 @@ Control endpoints (never counted as data requests, never delayed, never faulted)
   names), oldest first.
 * ``DELETE /_stats`` resets the counters.
 
+With ``--validators`` every answer for a file carries an ``ETag`` (from its inode, mtime
+and size) and a ``Last-Modified``, as most servers send; without, neither.
+
 Fault modes: ``503``, ``500``, ``429``, ``403``, ``404`` (that status), ``stall`` (never
 answer), ``truncate`` (full-length headers, half the body, then close), ``short`` (a
 self-consistent 206 one byte shorter than asked), ``ignore-range`` (200 with the whole
@@ -45,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import email.utils
 import os
 import re
 import signal
@@ -97,6 +101,7 @@ class ServerState:
     inflight: int = 0
     max_inflight: int = 0
     headers: list[dict[str, str]] = field(default_factory=list)
+    validators: bool = False
 
     def take_fault(self, path: str, method: str) -> str | None:
         """The mode of the first matching rule, consuming one use of it."""
@@ -227,7 +232,10 @@ async def answer(request: web.Request, state: ServerState) -> web.StreamResponse
     file = resolve(state.root, path)
     if file is None:
         return web.Response(status=404, text="not found\n")
-    size = file.stat().st_size
+    st = file.stat()
+    size = st.st_size
+    if state.validators:
+        request["version"] = version_headers(st)
     if request.method == "HEAD":
         return await head_response(request, 1 << 63 if mode == "huge-size" else size)
     if mode in HOSTILE_MODES:
@@ -235,8 +243,17 @@ async def answer(request: web.Request, state: ServerState) -> web.StreamResponse
     return await send_body(request, state, file, size, mode)
 
 
+def version_headers(st: os.stat_result) -> dict[str, str]:
+    """ETag and Last-Modified of a file as it is now."""
+    return {
+        "ETag": f'"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"',
+        "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
+    }
+
+
 async def head_response(request: web.Request, size: int) -> web.StreamResponse:
     resp = web.StreamResponse(status=200)
+    resp.headers.update(request.get("version", {}))
     resp.content_type = "application/octet-stream"
     resp.headers["Accept-Ranges"] = "bytes"
     resp.headers["Content-Length"] = str(size)  # as given, even past what aiohttp allows
@@ -260,6 +277,7 @@ async def send_body(
     resp = web.StreamResponse(status=206 if partial else 200)
     resp.content_type = "application/octet-stream"
     resp.headers["Accept-Ranges"] = "bytes"
+    resp.headers.update(request.get("version", {}))
     if partial:
         resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
     resp.content_length = end - start
@@ -444,8 +462,10 @@ def stop_on_stdin_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> N
     loop.add_reader(sys.stdin.fileno(), on_readable)
 
 
-async def serve(root: Path, host: str, port: int, delay: float, watch_stdin: bool) -> None:
-    state = ServerState(root=root.resolve(), delay=delay)
+async def serve(
+    root: Path, host: str, port: int, delay: float, watch_stdin: bool, validators: bool = False
+) -> None:
+    state = ServerState(root=root.resolve(), delay=delay, validators=validators)
     # handler_cancellation: a stalled handler ends when its client hangs up.
     runner = web.AppRunner(
         make_app(state), access_log=None, handler_cancellation=True, shutdown_timeout=0.1
@@ -475,10 +495,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--watch-stdin", action="store_true", help="exit when stdin closes (parent has gone)"
     )
+    parser.add_argument(
+        "--validators", action="store_true", help="send ETag and Last-Modified with each file"
+    )
     args = parser.parse_args(argv)
     if not args.root.is_dir():
         parser.error(f"--root {args.root} is not a directory")
-    asyncio.run(serve(args.root, args.host, args.port, args.delay, args.watch_stdin))
+    asyncio.run(
+        serve(args.root, args.host, args.port, args.delay, args.watch_stdin, args.validators)
+    )
 
 
 if __name__ == "__main__":

@@ -134,11 +134,19 @@ class RangeServer(_Subprocess):
             fetch(f"{server.url}/data.bin")  # two 503s, then the data
     """
 
-    def __init__(self, root: Path, delay: float = 0.0, *, startup_timeout: float = 20.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        delay: float = 0.0,
+        *,
+        startup_timeout: float = 20.0,
+        validators: bool = False,
+    ) -> None:
         super().__init__()
         self.root = Path(root)
         self.delay = delay
         self.startup_timeout = startup_timeout
+        self.validators = validators
         self.port: int | None = None
 
     @property
@@ -150,6 +158,8 @@ class RangeServer(_Subprocess):
     def start(self) -> None:
         argv = [sys.executable, str(RANGESERVER_SCRIPT), "--root", str(self.root)]
         argv += ["--host", HOST, "--port", "0", "--delay", str(self.delay), "--watch-stdin"]
+        if self.validators:
+            argv.append("--validators")
         # stdin is a pipe we never write: when this process dies, the server sees EOF and exits.
         self._spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.port = self._read_port()

@@ -1,0 +1,466 @@
+"""The disk cache of one process: entries looked up, admitted, evicted and counted.
+
+One :class:`DiskCache` per daemon (``serve`` makes it), shared by every reference set the
+process serves; each set's fetcher gets a :class:`~refmount.cache.disk.tier.DiskTier` in
+front of it that uses it.
+
+Off the serving thread
+    Every file operation runs in a worker thread: lookups and writes under one limiter
+    of :data:`IO_THREADS`, the index (one SQLite connection) under a limiter of one.  A
+    lookup of all the entries a fetch wants is one thread call.
+
+Admission holds a reader up only while the disk is slower than the network
+    The tier hands fetched bytes to :meth:`DiskCache.admit` and returns them to the
+    reader; one writer task adds them to their units' entries behind it (read,
+    merge, write a temporary file, rename: one at a time, so that two pieces of one
+    unit fetched together both stay).  At most
+    :data:`QUEUE_BYTES` wait to be written; beyond that, a fetch waits for the writer
+    (up to :data:`ADMIT_WAIT`), then skips (counted).
+    When the disk says no (ENOSPC, EDQUOT, EROFS, EACCES) or the index finds no room,
+    admission pauses for :data:`PAUSE_SECONDS`, logged once per episode, then tries
+    again: readers never see it.
+
+Start-up is O(1)
+    Opening the directory takes one lock file and opens the index.  Temporary files of
+    dead processes are removed, and the index reconciled with the files when a process
+    died or the index is new, by a background task; lookups do not need the index.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+
+import trio
+
+from refmount.cache.disk.entry import CorruptEntry, Entry, EntryKey
+from refmount.cache.disk.index import Index, Limits
+from refmount.cache.disk.store import FULL_ERRNOS, DiskCacheError, Store
+
+log = logging.getLogger(__name__)
+
+IO_THREADS = 4  # worker threads reading and writing entries at once
+LOOKUP_SLICE = 8  # units one thread reads of a larger lookup
+WRITE_THREADS = 2  # threads writing one batch
+QUEUE_BYTES = 64 << 20  # bytes waiting to be written, at most
+ADMIT_WAIT = 2.0  # seconds a fetch waits for room in the queue before it skips
+DRAIN_SECONDS = 10.0  # at a stop, the most spent writing what is queued
+PAUSE_SECONDS = 30.0  # admission rests this long after the disk or the limits said no
+BATCH = 64  # entries written, then admitted in one transaction, at a time
+FLUSH_SECONDS = 5.0  # how often uses are written to the index
+FLUSH_COUNT = 4096  # or as soon as this many are waiting
+HYSTERESIS = 0.05  # of the limit: evicted beyond what an admission needs
+COUNTERS = (
+    "disk_hits",
+    "disk_misses",
+    "disk_hit_bytes",
+    "disk_written_entries",
+    "disk_written_bytes",
+    "disk_evictions",
+    "disk_corrupt",
+    "disk_refusals",
+    "disk_skipped",
+    "disk_bypassed",
+    "disk_validations",
+    "disk_validation_failures",
+)
+
+
+#: A piece waiting to be written: its unit, where it starts, its bytes, the object's end.
+Queued = tuple[EntryKey, int, bytes | memoryview, int | None]
+
+
+@dataclass(frozen=True)
+class DiskCacheConfig:
+    """``--disk-cache`` and its companions."""
+
+    directory: str
+    max_bytes: int = 10 << 30
+    #: Free space to keep on the cache's filesystem: bytes, or a fraction of its size.
+    min_free: int | float = 0.10
+    #: Keep objects whose store gives no validator (declared never to change).
+    immutable: bool = False
+    check_interval: float = 60.0
+
+
+class DiskCache:
+    """A cache directory as one process uses it."""
+
+    def __init__(self, config: DiskCacheConfig) -> None:
+        self.config = config
+        self.store = Store(config.directory)
+        try:
+            self.index = _open_index(self.store.index_path)
+        except DiskCacheError:
+            self.store.close()
+            raise
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self._io = trio.CapacityLimiter(IO_THREADS)
+        self._db = trio.CapacityLimiter(1)
+        self._queue_send, self._queue_receive = trio.open_memory_channel[Queued](float("inf"))
+        self._queued = 0
+        self._room = trio.Event()  # set (and replaced) whenever the writer made room
+        self._paused_until = -float("inf")
+        self._pause_logged = False
+        self._uses: dict[str, float] = {}
+        self._forgotten: list[str] = []
+        self._flush_now = trio.Event()
+        self._usage = 0
+        self._running = False
+
+    # -- life -----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Write, flush and tidy in the background until cancelled; then flush what is
+        left and let go of the directory."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._tidy)
+                nursery.start_soon(self._flusher)
+                nursery.start_soon(self._writer)
+                self._running = True
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._running = False
+            with trio.CancelScope(shield=True), trio.move_on_after(DRAIN_SECONDS):
+                await self._drain()
+                await self._flush()
+            self.close()
+
+    def close(self) -> None:
+        """Let go of the index and the directory (idempotent)."""
+        if self.index is not None:
+            self.index.close()
+            self.index = None  # type: ignore[assignment]
+            self.store.close()
+
+    def stats(self) -> dict[str, int]:
+        out = dict(self.counters)
+        out["disk_bytes"] = self._usage
+        out["disk_limit"] = self.config.max_bytes
+        return out
+
+    # -- lookups --------------------------------------------------------------------------
+
+    async def lookup(self, keys: list[EntryKey]) -> list[Entry | None]:
+        """The entries of ``keys`` there are, in order (None: none, or a corrupt one,
+        now removed).  Many keys (read-ahead) are read by several threads at once:
+        reading and checking a unit is mostly copying memory, which the GIL lets go."""
+        if len(keys) <= LOOKUP_SLICE:
+            found, corrupt = await trio.to_thread.run_sync(self._lookup, keys, limiter=self._io)
+            self._count_corrupt(corrupt)
+            return found
+        slices: list[list[Entry | None]] = []
+
+        async def one(at: int, part: list[EntryKey]) -> None:
+            got, corrupt = await trio.to_thread.run_sync(self._lookup, part, limiter=self._io)
+            self._count_corrupt(corrupt)
+            slices[at] = got
+
+        async with trio.open_nursery() as nursery:
+            for at, first in enumerate(range(0, len(keys), LOOKUP_SLICE)):
+                slices.append([])
+                nursery.start_soon(one, at, keys[first : first + LOOKUP_SLICE])
+        return [entry for got in slices for entry in got]
+
+    def used(self, key: EntryKey, size: int) -> None:
+        """Count a hit of ``size`` bytes in ``key``'s entry, and remember its use."""
+        self.counters["disk_hits"] += 1
+        self.counters["disk_hit_bytes"] += size
+        self._uses[key.name] = trio.current_time()
+        if len(self._uses) >= FLUSH_COUNT:
+            self._flush_now.set()
+
+    def _count_corrupt(self, corrupt: list[tuple[str, str]]) -> None:
+        for name, reason in corrupt:
+            self.counters["disk_corrupt"] += 1
+            self._forgotten.append(name)
+            log.warning("disk cache: removed a corrupt entry (%s)", reason)
+
+    def _lookup(self, keys: list[EntryKey]) -> tuple[list[Entry | None], list[tuple[str, str]]]:
+        """The entries found, and those found corrupt (and removed) with why.  Runs in a
+        worker thread."""
+        found: list[Entry | None] = []
+        corrupt: list[tuple[str, str]] = []
+        for key in keys:
+            found.append(self._read(key, corrupt))
+        return found, corrupt
+
+    def _read(self, key: EntryKey, corrupt: list[tuple[str, str]]) -> Entry | None:
+        try:
+            return self.store.read(key)
+        except CorruptEntry as exc:
+            corrupt.append((key.name, str(exc)))
+        except OSError as exc:
+            log.debug("disk cache: cannot read an entry: %s", exc)
+        return None
+
+    # -- admission ------------------------------------------------------------------------
+
+    async def admit(
+        self, key: EntryKey, start: int, piece: bytes | memoryview, eof: int | None
+    ) -> None:
+        """Queue ``piece``, the bytes of ``key``'s unit from ``start`` on, to be added to
+        its entry; ``eof``: where the object ends, if the fetch found out.  When more
+        than :data:`QUEUE_BYTES` wait already, waits up to :data:`ADMIT_WAIT` seconds
+        for the writer (a network faster than the disk is slowed to the disk's pace,
+        so that what was read once is kept), then skips."""
+        if not self._running or not key.cacheable() or not (piece or eof is not None):
+            return
+        if trio.current_time() < self._paused_until:
+            self.counters["disk_refusals"] += 1
+            return
+        with trio.move_on_after(ADMIT_WAIT):
+            while self._queued + len(piece) > QUEUE_BYTES and self._queued:
+                await self._room.wait()
+        if self._queued + len(piece) > QUEUE_BYTES and self._queued:
+            self.counters["disk_skipped"] += 1
+            return
+        self._queued += len(piece)
+        self._queue_send.send_nowait((key, start, piece, eof))
+
+    async def _writer(self) -> None:
+        """The one writer, a batch at a time: so that two pieces of one unit merge, and
+        one transaction of the index admits many entries."""
+        async for item in self._queue_receive:
+            batch = [item]
+            while len(batch) < BATCH:
+                try:
+                    batch.append(self._queue_receive.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            try:
+                # A batch is finished even at a stop: its temporary files are written.
+                with trio.CancelScope(shield=True):
+                    await self._write(batch)
+            finally:
+                self._queued -= sum(len(piece) for _, _, piece, _ in batch)
+                self._room.set()
+                self._room = trio.Event()
+
+    async def _drain(self) -> None:
+        """Write what is still queued (at a stop)."""
+        batch: list[Queued] = []
+        while True:
+            try:
+                batch.append(self._queue_receive.receive_nowait())
+            except trio.WouldBlock:
+                break
+        for first in range(0, len(batch), BATCH):
+            await self._write(batch[first : first + BATCH])
+
+    async def _write(self, batch: list[Queued]) -> None:
+        if trio.current_time() < self._paused_until:
+            self.counters["disk_refusals"] += len(batch)
+            return
+        corrupt: list[tuple[str, str]] = []
+        # Units split between WRITE_THREADS threads, every piece of one unit in the same.
+        groups: list[list[Queued]] = [[] for _ in range(WRITE_THREADS)]
+        for item in batch:
+            groups[hash(item[0].name) % WRITE_THREADS].append(item)
+        lists: list[list[tuple[str, str, int, int]]] = []  # name, temp, on disk, new bytes
+        failures: list[OSError] = []
+
+        async def write(group: list[Queued], written: list[tuple[str, str, int, int]]) -> None:
+            try:
+                await trio.to_thread.run_sync(
+                    self._write_temps, group, written, corrupt, limiter=self._io
+                )
+            except OSError as exc:
+                failures.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for group in groups:
+                if group:
+                    lists.append([])
+                    nursery.start_soon(write, group, lists[-1])
+        self._count_corrupt(corrupt)
+        for exc in failures[:1]:
+            if exc.errno in FULL_ERRNOS:
+                self._pause(f"{exc.strerror} in {self.store.root}")
+            else:
+                log.warning("disk cache: cannot write an entry: %s", exc)
+        written = [w for got in lists for w in got]
+        if not written:
+            return
+        try:
+            admitted, evicted = await trio.to_thread.run_sync(
+                self._admit, written, limiter=self._db
+            )
+        except (OSError, sqlite3.Error) as exc:
+            log.warning("disk cache: cannot admit entries: %s", exc)
+            return
+        finally:
+            for _, temp, _, _ in written:
+                self.store.discard(temp)  # gone already where it was placed
+        self.counters["disk_evictions"] += len(evicted)
+        done = set(admitted)
+        for name, _, _, new_bytes in written:
+            if name in done:
+                self.counters["disk_written_entries"] += 1
+                self.counters["disk_written_bytes"] += new_bytes
+        if len(done) < len(written):
+            self._pause("the limits leave no room")
+        elif self._pause_logged:
+            log.info("disk cache: admitting again")
+            self._pause_logged = False
+
+    def _write_temps(
+        self,
+        batch: list[Queued],
+        written: list[tuple[str, str, int, int]],
+        corrupt: list[tuple[str, str]],
+    ) -> None:
+        """Temporary files of the batch's units, each as it is on disk now plus the
+        batch's pieces of it (a unit with nothing new is left out), into ``written``.
+        Runs in a worker thread."""
+        merged: dict[str, tuple[Entry, int]] = {}  # name -> entry, its place in written
+        for key, start, piece, eof in batch:
+            name = key.name
+            seen = merged.get(name)
+            base = seen[0] if seen else (self._read(key, corrupt) or Entry())
+            entry = base.merged(start, piece, eof)
+            if entry is None:
+                continue
+            temp, size = self.store.write_temp(key, entry)
+            new_bytes = entry.size - base.size
+            if seen is not None:
+                _, old_temp, _, before = written[seen[1]]
+                self.store.discard(old_temp)
+                written[seen[1]] = (name, temp, size, before + new_bytes)
+                merged[name] = (entry, seen[1])
+            else:
+                merged[name] = (entry, len(written))
+                written.append((name, temp, size, new_bytes))
+
+    def _admit(self, written: list[tuple[str, str, int, int]]) -> tuple[list[str], list[str]]:
+        """Runs in a worker thread, holding the index."""
+        items = [
+            (name, size, functools.partial(self.store.place, temp, name))
+            for name, temp, size, _ in written
+        ]
+        admitted, evicted = self.index.admit(
+            items, time.time(), self._limits(), self._free, self.store.remove
+        )
+        self._usage = self.index.total()
+        return admitted, evicted
+
+    def _free(self) -> int:
+        return self.store.space().free
+
+    def _limits(self) -> Limits:
+        config = self.config
+        min_free = config.min_free
+        if isinstance(min_free, float):
+            min_free = int(self.store.space().total * min_free)
+        return Limits(
+            max_bytes=config.max_bytes, min_free=min_free, slack=int(config.max_bytes * HYSTERESIS)
+        )
+
+    def _trim(self) -> int:
+        """Evict down to the limits without an admission.  Runs in a worker thread,
+        holding the index."""
+        evicted = self.index.trim(self._limits(), self._free, self.store.remove)
+        self._usage = self.index.total()
+        return evicted
+
+    def _pause(self, reason: str) -> None:
+        self.counters["disk_refusals"] += 1
+        self._paused_until = trio.current_time() + PAUSE_SECONDS
+        if not self._pause_logged:
+            self._pause_logged = True
+            log.warning(
+                "disk cache: not admitting new entries for now: %s (reads are served "
+                "from memory and the network meanwhile)",
+                reason,
+            )
+
+    # -- background -----------------------------------------------------------------------
+
+    async def _flusher(self) -> None:
+        while True:
+            with trio.move_on_after(FLUSH_SECONDS):
+                await self._flush_now.wait()
+            self._flush_now = trio.Event()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        """Write the uses recorded in memory, forget entries found corrupt, and evict
+        down to the limits if something else filled the disk meanwhile."""
+        if self.index is None:
+            return
+        uses, self._uses = self._uses, {}
+        forgotten, self._forgotten = self._forgotten, []
+        stamp = time.time()  # the index orders by wall-clock time: every process
+
+        def write() -> int:
+            if uses:
+                self.index.touch([(stamp, name) for name in uses])
+            if forgotten:
+                self.index.forget(forgotten)
+            return self._trim()
+
+        try:
+            self.counters["disk_evictions"] += await trio.to_thread.run_sync(
+                write, limiter=self._db
+            )
+        except (OSError, sqlite3.Error) as exc:
+            log.warning("disk cache: cannot record uses in the index: %s", exc)
+
+    async def _tidy(self) -> None:
+        """Remove what dead processes left; reconcile the index with the files when a
+        process died or the index is new.  One subdirectory per transaction, so that
+        admissions of other processes go on meanwhile."""
+        dead = await trio.to_thread.run_sync(self.store.sweep, limiter=self._io)
+        self._usage = await trio.to_thread.run_sync(self.index.total, limiter=self._db)
+        if not dead and not self.index.created:
+            self._flush_now.set()  # the limits may have changed since the last mount
+            return
+        added = dropped = 0
+        prefixes = await trio.to_thread.run_sync(self.store.prefixes, limiter=self._io)
+        for prefix in prefixes:
+            try:
+                new, gone = await trio.to_thread.run_sync(
+                    self.index.reconcile,
+                    prefix,
+                    lambda prefix=prefix: self.store.scan(prefix),
+                    limiter=self._db,
+                )
+            except sqlite3.Error as exc:
+                log.warning("disk cache: cannot reconcile the index: %s", exc)
+                return
+            added += new
+            dropped += gone
+        self._flush_now.set()
+        log.info(
+            "disk cache: index reconciled with %s (%d entries found, %d gone; %d dead "
+            "processes' files removed)",
+            self.store.root,
+            added,
+            dropped,
+            dead,
+        )
+
+
+def _open_index(path: str) -> Index:
+    """The index at ``path``; a file SQLite cannot read is replaced (it is advisory:
+    reconciling rebuilds it)."""
+    try:
+        return Index(path)
+    except sqlite3.OperationalError as exc:  # locked, read-only, I/O error: not ours to fix
+        raise DiskCacheError(f"cannot open the index {path}: {exc}") from None
+    except sqlite3.DatabaseError as exc:  # not a database, or a damaged one
+        log.warning("disk cache: the index %s is unreadable (%s): making a new one", path, exc)
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path + suffix)
+    try:
+        return Index(path)
+    except (sqlite3.Error, OSError) as exc:
+        raise DiskCacheError(f"cannot open the index {path}: {exc}") from None

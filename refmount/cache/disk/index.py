@@ -1,0 +1,226 @@
+"""The shared, advisory index of a cache directory: what each entry costs and when it
+was last used, and the total, in one SQLite database (WAL mode) that every process
+using the directory opens.
+
+*Advisory*: the entry files are the truth.  A row without a file (its process died
+between deleting and committing) only overstates the total; a file without a row (its
+process died between renaming it into place and committing) is found by
+:meth:`Index.reconcile`, which a process runs in the background when it finds that
+another died, or that the index is new.  Nothing waits for it: a lookup is a path, not
+a query.
+
+Admission and eviction are one transaction (``BEGIN IMMEDIATE``: one writer at a time,
+across processes), inside which the caller deletes the victims' files and renames the
+new entry into place (:meth:`Index.admit`): so the entries on disk never exceed the
+limit by more than the one a crashed process renamed without committing.  No process
+manages the others: any of them evicts, least recently used first (:func:`plan_eviction`).
+
+Use is recorded in memory by the caller and written here in batches (:meth:`touch`);
+access times of the filesystem are too coarse (``relatime``) to order by.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+BUSY_TIMEOUT = 30.0  # seconds a process waits for another's transaction
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (name TEXT PRIMARY KEY, blocks INTEGER NOT NULL,
+                                    used REAL NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS entries_by_use ON entries (used);
+CREATE TABLE IF NOT EXISTS totals (id INTEGER PRIMARY KEY CHECK (id = 0),
+                                   bytes INTEGER NOT NULL);
+INSERT OR IGNORE INTO totals VALUES (0, 0);
+"""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds of one admission: the most the entries may take (``max_bytes``), the free
+    space the filesystem must keep (``min_free``), and how much more than needed to
+    evict once eviction starts (``slack``: hysteresis, so that a full cache does not
+    evict at every admission)."""
+
+    max_bytes: int
+    min_free: int
+    slack: int
+
+
+def plan_eviction(
+    candidates: Iterable[tuple[str, int]],
+    *,
+    total: int,
+    incoming: int,
+    free: int,
+    limits: Limits,
+) -> list[tuple[str, int]] | None:
+    """Which entries to evict, least recently used first, to admit ``incoming`` bytes.
+
+    ``candidates`` are (name, bytes), least recently used first; ``total`` is what the
+    entries take now; ``free`` the filesystem's free space now (the new entry already
+    written, as a temporary file).  Returns the victims: enough that afterwards the
+    entries take at most ``max_bytes`` and at least ``min_free`` stays free, plus
+    ``slack`` more where eviction is needed at all; or None when even evicting every
+    candidate would not make room (then nothing is evicted and the entry is refused).
+    """
+    need = max(total + incoming - limits.max_bytes, limits.min_free - free)
+    if incoming > limits.max_bytes:
+        return None
+    if need <= 0:
+        return []
+    want = need + limits.slack
+    victims: list[tuple[str, int]] = []
+    freed = 0
+    for name, size in candidates:
+        if freed >= want:
+            break
+        victims.append((name, size))
+        freed += size
+    return victims if freed >= need else None
+
+
+class Index:
+    """One process's connection to the shared index (used from one thread at a time)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.created = not os.path.exists(path)
+        self._db = sqlite3.connect(
+            path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+        )
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)  # idempotent, whoever runs it first
+        except BaseException:
+            self._db.close()
+            raise
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def total(self) -> int:
+        return int(self._db.execute("SELECT bytes FROM totals WHERE id = 0").fetchone()[0])
+
+    def count(self) -> int:
+        return int(self._db.execute("SELECT count(*) FROM entries").fetchone()[0])
+
+    def admit(
+        self,
+        items: list[tuple[str, int, Callable[[], None]]],
+        now: float,
+        limits: Limits,
+        free: Callable[[], int],
+        remove: Callable[[str], None],
+    ) -> tuple[list[str], list[str]]:
+        """Admit entries, each ``(name, size, place)`` (new, or replacing the entry of
+        that name), in one transaction: for each, pick the victims, ``remove`` each
+        (delete its file), ``place`` the new entry (rename it into place), and record it
+        all.  Returns (the names admitted, the victims' names); an entry for which even
+        evicting everything would not make room is left out (its ``place`` not called).
+        An exception from ``place`` undoes the whole transaction."""
+        admitted: list[str] = []
+        evicted: list[str] = []
+        with self._transaction() as db:
+            total = self.total()
+            for name, size, place in items:
+                row = db.execute("SELECT blocks FROM entries WHERE name = ?", (name,)).fetchone()
+                replaced = 0 if row is None else int(row[0])
+
+                def candidates(name: str = name) -> Iterator[tuple[str, int]]:
+                    # Asked only when something must go.
+                    yield from db.execute(
+                        "SELECT name, blocks FROM entries WHERE name != ? ORDER BY used", (name,)
+                    )
+
+                victims = plan_eviction(
+                    candidates(),
+                    total=total - replaced,
+                    incoming=size,
+                    free=free() + replaced,
+                    limits=limits,
+                )
+                if victims is None:
+                    continue
+                for victim, _ in victims:
+                    remove(victim)
+                place()
+                db.executemany("DELETE FROM entries WHERE name = ?", [(v,) for v, _ in victims])
+                db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?)", (name, size, now))
+                total += size - replaced - sum(s for _, s in victims)
+                admitted.append(name)
+                evicted += [v for v, _ in victims]
+            db.execute("UPDATE totals SET bytes = ? WHERE id = 0", (total,))
+        return admitted, evicted
+
+    def trim(self, limits: Limits, free: Callable[[], int], remove: Callable[[str], None]) -> int:
+        """Evict what the limits say must go now (no admission: the limits or the free
+        space changed, or another process or program filled the disk).  Returns how
+        many entries went."""
+        with self._transaction() as db:
+            rows = db.execute("SELECT name, blocks FROM entries ORDER BY used")
+            victims = plan_eviction(
+                rows, total=self.total(), incoming=0, free=free(), limits=limits
+            )
+            if not victims:  # nothing to do, or nothing would be enough: evict all there is
+                if victims is None:
+                    victims = db.execute("SELECT name, blocks FROM entries").fetchall()
+                if not victims:
+                    return 0
+            for victim, _ in victims:
+                remove(victim)
+            db.executemany("DELETE FROM entries WHERE name = ?", [(v,) for v, _ in victims])
+            freed = sum(size for _, size in victims)
+            db.execute("UPDATE totals SET bytes = bytes - ? WHERE id = 0", (freed,))
+        return len(victims)
+
+    def touch(self, uses: Sequence[tuple[str, float]]) -> None:
+        """Record when entries were last used (a batch from memory)."""
+        with self._transaction() as db:
+            db.executemany("UPDATE entries SET used = max(used, ?) WHERE name = ?", uses)
+
+    def forget(self, names: Sequence[str]) -> None:
+        """Drop the rows of entries whose files are gone (found corrupt, removed)."""
+        with self._transaction() as db:
+            for name in names:
+                row = db.execute("SELECT blocks FROM entries WHERE name = ?", (name,)).fetchone()
+                if row is not None:
+                    db.execute("DELETE FROM entries WHERE name = ?", (name,))
+                    db.execute("UPDATE totals SET bytes = bytes - ? WHERE id = 0", (row[0],))
+
+    def reconcile(
+        self, prefix: str, scan: Callable[[], dict[str, tuple[int, float]]]
+    ) -> tuple[int, int]:
+        """Make the rows of one data subdirectory ``prefix`` (``"ab"``) agree with its
+        files: ``scan`` lists them, by name, as (bytes, last use as the file's times
+        say).  It runs inside the transaction, so no admission renames a file in between.
+        Returns (rows added, rows dropped)."""
+        low, high = f"{prefix}/", f"{prefix}0"  # "0" follows "/" in byte order
+        with self._transaction() as db:
+            files = scan()
+            rows = dict(
+                db.execute(
+                    "SELECT name, blocks FROM entries WHERE name >= ? AND name < ?", (low, high)
+                ).fetchall()
+            )
+            gone = [n for n in rows if n not in files]
+            new = [(n, size, used) for n, (size, used) in files.items() if n not in rows]
+            changed = sum(-rows[n] for n in gone) + sum(size for _, size, _ in new)
+            db.executemany("DELETE FROM entries WHERE name = ?", [(n,) for n in gone])
+            db.executemany("INSERT INTO entries VALUES (?, ?, ?)", new)
+            db.execute("UPDATE totals SET bytes = bytes + ? WHERE id = 0", (changed,))
+        return len(new), len(gone)

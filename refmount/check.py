@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import trio
 from fsspec.core import split_protocol
 
+from refmount.decode.survey import ArrayNote, survey
 from refmount.display import display_url
 from refmount.errors import FetchError, RefsError
 from refmount.fetch import LOCAL_PROTOCOLS, Fetcher, FetchPolicy, redact
@@ -70,6 +71,8 @@ class Report:
     problems: list[Problem] = field(default_factory=list)
     probes: list[Probe] | None = None
     seed: int | None = None
+    #: With ``--decode``: each array and what the decoded view makes of it.
+    arrays: list[ArrayNote] | None = None
 
     @property
     def ok(self) -> bool:
@@ -95,6 +98,7 @@ class CheckOptions:
     seed: int = 0
     timeout: float = 30.0
     retries: int = 3
+    decode: bool = False
 
 
 def check(options: CheckOptions, progress: Any = None) -> Report:
@@ -119,11 +123,16 @@ def check(options: CheckOptions, progress: Any = None) -> Report:
         report.format = "Parquet" if isinstance(refset, ParquetRefSet) else "JSON"
         try:
             sample = trio.run(_walk, refset, report, options.probe, random.Random(options.seed))
+            if options.decode:
+                report.arrays = trio.run(survey, refset)
         finally:
             refset.close()
         if options.probe:
             report.seed = options.seed
             report.probes = _probe(sample, options)
+    for note in report.arrays or []:
+        if note.status != "decoded":
+            report.problems.append(Problem("decode", f"{note.array}: {note.status}: {note.reason}"))
     for probe in report.probes or []:
         if probe.error is not None:
             report.problems.append(
@@ -314,6 +323,12 @@ def render(report: Report) -> str:
                 )
     else:
         lines.append(f"{report.refs}: not loaded")
+    if report.arrays is not None:
+        counts = Counter(note.status for note in report.arrays)
+        lines.append(
+            f"  decoded view      {counts['decoded']:,} arrays decoded, "
+            f"{counts['not decoded']:,} not decoded (EIO), {counts['left out']:,} left out"
+        )
     if report.probes is not None:
         good = sum(probe.ok for probe in report.probes)
         lines.append(

@@ -90,6 +90,11 @@ def check_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
+        "--decode",
+        action="store_true",
+        help="also list the arrays the decoded view (--decode) cannot decode or leaves out",
+    )
+    p.add_argument(
         "--refs-options",
         type=parse_json_object,
         default={},
@@ -143,6 +148,7 @@ def run_check(argv: list[str]) -> int:
         seed=args.seed,
         timeout=args.timeout,
         retries=args.retries,
+        decode=args.decode,
     )
     terminal = sys.stderr if sys.stderr.isatty() else None
     with LoadProgress(args.refs, terminal=terminal, systemd=False) as progress:

@@ -94,6 +94,7 @@ class Config:
     nonempty: bool = False
     max_refs_size: int | None = None
     reload_interval: float | None = None
+    decode: bool = False
 
 
 def parse_size(text: str) -> int:
@@ -328,6 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="answer user.refmount.* extended attributes (where bytes come from, "
         "counters on the root); off by default because `ls -l` then asks the "
         "daemon twice per file",
+    )
+    g.add_argument(
+        "--decode",
+        action="store_true",
+        help="serve arrays' chunks decoded (decompressed, unfiltered, little-endian, C "
+        "order) and their metadata rewritten to match, for readers without the codecs "
+        "(README: Decoded view)",
     )
     g = p.add_argument_group("logging and life cycle")
     g.add_argument(

@@ -19,6 +19,7 @@ import trio
 
 from refmount.cache import BlockCache
 from refmount.control import ControlServer, MountState, socket_path
+from refmount.decode import DecodedReads
 from refmount.display import display_url
 from refmount.fetch import Fetcher, FetchPolicy
 from refmount.fuse_ops import Operations
@@ -67,6 +68,8 @@ class Daemon:
     operations: Operations
     cache: BlockCache
     control: ControlServer
+    #: Loads REFS for a reload: the decoded view wraps what it loads.
+    load_set: Callable[[Config], RefSet] = lambda config: load_refset(config)
 
     @classmethod
     def load(cls, config: Config) -> Daemon:
@@ -85,20 +88,26 @@ class Daemon:
         )
         fetcher.confine_flat_options(refset.target_urls())
         cache = BlockCache(fetcher, budget=config.cache_size, extent=refset.url_extent)
+        reads: BlockCache | DecodedReads = cache
+        load: Callable[[Config], RefSet] = load_refset
+        if config.decode:  # the decoded view: a set and reads on top of the raw ones
+            decoded = reads = DecodedReads(cache)
+            refset = decoded.view(refset)
+            load = lambda config: decoded.view(load_refset(config))  # noqa: E731
         owner = Owner(config.uid, config.gid, config.umask)
         tree = Tree(refset, owner, fetcher.size, fetcher.known_size)
-        operations = Operations(tree, cache, fetcher.stats, xattrs=config.xattrs)
+        operations = Operations(tree, reads, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
         mountpoint = os.path.realpath(config.mountpoint)
         state = MountState(
             refs=display_url(config.refs),
             mountpoint=mountpoint,
             fetch=fetcher.stats,
-            cache=cache,
+            cache=reads,
             keys=lambda: _key_count(operations.tree.refset),
         )
         operations.read = state.reads.counting(operations.read)  # type: ignore[method-assign]
         control = ControlServer(socket_path(mountpoint, os.geteuid()), state)
-        return cls(config, operations, cache, control)
+        return cls(config, operations, cache, control, load)
 
     def run(self, ready: Callable[[], None], on_error: Callable[[str], None] | None) -> int:
         mountpoint = self.config.mountpoint
@@ -140,7 +149,7 @@ class Daemon:
             self.config,
             self.operations,
             self.cache,
-            load_refset,
+            self.load_set,
             self.control.state.record_reload,
         )
         async with trio.open_nursery() as nursery:

@@ -1,0 +1,28 @@
+"""The decoded view (``--decode``): arrays' chunks served decompressed and unfiltered,
+metadata rewritten to match, so readers without the codecs read exact values.
+
+``codecs`` (the allowlist, bounded decoding), ``arrays`` (a ``.zarray`` checked and
+rewritten, a chunk's decoding), ``jsontext`` (JSON repairs), ``view`` (the reference set
+as the tree sees it) and ``reads`` (decoding off the serving thread, cached under the
+block cache's budget).
+"""
+
+from refmount.decode.arrays import Array, ArrayRefused, ChunkDecoder, parse_zarray
+from refmount.decode.codecs import BUILDERS, CodecError, DecodeError, build_stage
+from refmount.decode.reads import DecodedReads
+from refmount.decode.view import SCHEME, DecodedRef, DecodedRefSet
+
+__all__ = [
+    "BUILDERS",
+    "SCHEME",
+    "Array",
+    "ArrayRefused",
+    "ChunkDecoder",
+    "CodecError",
+    "DecodeError",
+    "DecodedReads",
+    "DecodedRef",
+    "DecodedRefSet",
+    "build_stage",
+    "parse_zarray",
+]

@@ -1,0 +1,197 @@
+"""One Zarr v2 array as the decoded view presents it: its ``.zarray`` checked, the
+decoding of its chunks, and its rewritten ``.zarray``.
+
+What a decoded chunk is: the chunk's values, the ``.zarray``'s ``compressor`` and
+``filters`` undone in Zarr's order (the compressor, then the filters last to first),
+little-endian, C order, exactly ``prod(chunks) * itemsize`` bytes.  The rewritten
+``.zarray`` says so: ``compressor`` and ``filters`` null, the dtype's byte order ``<``
+(``|`` for one-byte types), ``order`` C.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from refmount.decode.codecs import Buffer, CodecError, DecodeError, Stage, build_stage
+from refmount.decode.jsontext import dump_json, repair_document, repair_fill_value
+
+#: The largest decoded chunk served (bytes): more is refused, not allocated.
+MAX_CHUNK_BYTES = 1 << 30
+#: Dimensions an array may have.
+MAX_RANK = 32
+#: dtypes the view serves: booleans, numbers, complex, datetimes, fixed-width strings.
+_DTYPE = re.compile(r"[<>|=](b1|[iu][1248]|f[248]|c(8|16)|[mM]8(\[\d*[a-zA-Z]+\])?|S\d+|U\d+)")
+
+
+class ArrayRefused(Exception):
+    """An array the decoded view leaves out; the message says why."""
+
+
+@dataclass(frozen=True)
+class ChunkDecoder:
+    """The decoding of one array's chunks: raw chunk bytes to decoded chunk bytes.
+
+    ``key`` names the decoding (codecs, dtype, chunk shape, order): two arrays with the
+    same key decode the same bytes alike, so the cache shares their chunks.  ``error``
+    set: the array's chunks are not decoded (an unknown codec), each read fails with it.
+    """
+
+    key: str
+    size: int
+    chunks: tuple[int, ...]
+    dtype: np.dtype
+    order: str
+    stages: tuple[Stage, ...]  # in decoding order
+    sizes: tuple[int, ...]  # each stage's output size
+    error: str | None = None
+
+    @property
+    def max_raw_size(self) -> int:
+        """The most raw bytes a chunk may have: the input of an exact first stage, else
+        room for incompressible data plus framing."""
+        return self.size + self.size // 8 + (1 << 16)
+
+    def decode(self, raw: Buffer) -> bytes:
+        """The decoded chunk, or :class:`DecodeError`.  Runs in a worker thread."""
+        if self.error is not None:
+            raise DecodeError(self.error)
+        data: Buffer = raw
+        if not self.stages and len(data) != self.size:
+            raise DecodeError(f"an uncompressed chunk of {len(data)} bytes, not {self.size}")
+        for stage, size in zip(self.stages, self.sizes, strict=True):
+            data = stage.decode(data, size)
+            if len(data) != size:
+                raise DecodeError(f"{stage.codec_id} decoded {len(data)} bytes, not {size}")
+        return self._normalised(data)
+
+    def _normalised(self, data: Buffer) -> bytes:
+        """Little-endian, C order."""
+        little = self.dtype.newbyteorder("<") if self.dtype.byteorder == ">" else self.dtype
+        if little is self.dtype and self.order == "C":
+            return data if type(data) is bytes else bytes(data)
+        values = np.frombuffer(data, dtype=self.dtype).reshape(self.chunks, order=self.order)
+        return np.ascontiguousarray(values.astype(little, copy=False)).tobytes()
+
+
+@dataclass(frozen=True)
+class Array:
+    """A checked ``.zarray``: its decoding, its rewritten text, its chunk-key rules."""
+
+    meta: dict[str, Any]
+    decoder: ChunkDecoder
+    separator: str
+
+    @property
+    def rank(self) -> int:
+        return len(self.decoder.chunks)
+
+    def is_chunk_name(self, name: str) -> bool:
+        """Whether ``name`` (the part of a key after the array's path) is a chunk key."""
+        if self.rank == 0:
+            return name == "0"
+        parts = name.split(self.separator)
+        return len(parts) == self.rank and all(p.isdigit() for p in parts)
+
+    def rewritten(self) -> bytes:
+        meta = dict(self.meta)
+        meta.update(
+            dtype=_little(self.decoder.dtype),
+            order="C",
+            compressor=None,
+            filters=None,
+            fill_value=repair_fill_value(meta.get("fill_value"), self.decoder.dtype),
+        )
+        return dump_json(repair_document(meta, ".zarray"))
+
+
+def _little(dtype: np.dtype) -> str:
+    return dtype.newbyteorder("<").str if dtype.byteorder == ">" else dtype.str
+
+
+def parse_zarray(text: bytes) -> Array:
+    """A ``.zarray``'s array, or :class:`ArrayRefused` saying why it is left out.  An
+    array whose codecs refmount does not decode is not refused: its decoder carries the
+    error, so its chunks fail to read (EIO) rather than vanish."""
+    try:
+        meta = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ArrayRefused(f".zarray is not JSON: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("zarr_format") != 2:
+        raise ArrayRefused(".zarray is not Zarr v2 array metadata")
+    shape, chunks = meta.get("shape"), meta.get("chunks")
+    if not (_dims(shape) and _dims(chunks)) or len(shape) != len(chunks):
+        raise ArrayRefused(f"shape {shape!r} and chunks {chunks!r} are not dimensions alike")
+    if len(chunks) > MAX_RANK or any(c <= 0 for c in chunks):
+        raise ArrayRefused(f"chunks {chunks!r} are not positive sizes of at most {MAX_RANK} dims")
+    dtype = _dtype(meta.get("dtype"))
+    size = math.prod(chunks) * dtype.itemsize
+    if size > MAX_CHUNK_BYTES:
+        raise ArrayRefused(f"a chunk of {chunks} {dtype.str} is {size} bytes, over the bound")
+    order = meta.get("order", "C")
+    if order not in ("C", "F"):
+        raise ArrayRefused(f"order {order!r} is neither C nor F")
+    separator = meta.get("dimension_separator", ".")
+    if separator not in (".", "/"):
+        raise ArrayRefused(f"dimension_separator {separator!r} is neither '.' nor '/'")
+    decoder = _decoder(meta, tuple(chunks), dtype, order, size)
+    return Array(meta, decoder, separator)
+
+
+def _dims(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 62 for n in value
+    )
+
+
+def _dtype(value: Any) -> np.dtype:
+    if value == "|O":
+        raise ArrayRefused("variable-length values (dtype |O) have no fixed-size decoding")
+    if not isinstance(value, str) or not _DTYPE.fullmatch(value):
+        raise ArrayRefused(f"dtype {value!r} is not a plain fixed-size dtype")
+    dtype = np.dtype(value)
+    if dtype.itemsize == 0:
+        raise ArrayRefused(f"dtype {value!r} has no size")
+    return dtype
+
+
+def _decoder(
+    meta: Mapping[str, Any], chunks: tuple[int, ...], dtype: np.dtype, order: str, size: int
+) -> ChunkDecoder:
+    compressor, filters = meta.get("compressor"), meta.get("filters") or []
+    identity = json.dumps(
+        [compressor, filters, dtype.str, chunks, order], sort_keys=True, default=str
+    )
+    key = hashlib.sha256(identity.encode()).hexdigest()[:32]
+    if not isinstance(filters, list):
+        return ChunkDecoder(key, size, chunks, dtype, order, (), (), f"filters {filters!r}")
+    configs = [*([compressor] if compressor is not None else []), *reversed(filters)]
+    try:
+        stages = tuple(build_stage(config) for config in configs)
+        sizes = _stage_sizes(stages, size)
+    except CodecError as exc:
+        return ChunkDecoder(key, size, chunks, dtype, order, (), (), str(exc))
+    return ChunkDecoder(key, size, chunks, dtype, order, stages, sizes)
+
+
+def _stage_sizes(stages: tuple[Stage, ...], size: int) -> tuple[int, ...]:
+    """Each stage's exact output size, the last stage's being the chunk's."""
+    if not stages:
+        return ()
+    sizes = [size]
+    for stage in reversed(stages[1:]):
+        before = stage.encoded_size(sizes[0])
+        if before is None:
+            raise CodecError(f"{stage.codec_id} as a filter before others is not decoded")
+        sizes.insert(0, before)
+    return tuple(sizes)
+
+
+__all__ = ["Array", "ArrayRefused", "ChunkDecoder", "DecodeError", "parse_zarray"]

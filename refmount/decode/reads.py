@@ -1,0 +1,156 @@
+"""Reading decoded chunks: raw bytes through the block cache, decoded in a bounded pool
+of worker threads, kept under the block cache's memory budget.
+
+What :class:`refmount.fuse_ops.Operations` calls ``cache``: ``read_buffer`` of an
+ordinary URL goes to the :class:`BlockCache` as it is; of a decoded chunk's URL
+(:data:`refmount.decode.view.SCHEME`), it is served from the decoded chunk.
+
+A decoded chunk is a landed :class:`~refmount.cache.parts.Part` held by the cache's
+:class:`~refmount.cache.budget.MemoryBudget`, so decoded and raw bytes share one budget
+and one LRU.  The view's own index holds parts weakly: what the budget evicts is gone
+once no reader holds it.  Parts are keyed by ``(decoder key, raw reference)``: keys with
+the same reference and the same codecs, dtype and chunk shape share one decoded chunk,
+and one decoding in flight.  A chunk too big for the budget's room is decoded for its
+reader and not kept.
+
+Decoding runs in worker threads (zlib, zstd, blosc and lz4 release the GIL), at most
+``workers`` at a time, so listings and cached reads go on meanwhile.  A chunk that does
+not decode to its exact size, or whose array's codecs refmount does not decode, is a
+``FetchError`` (EIO) naming the array: raw bytes are never served as decoded.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import weakref
+
+import trio
+
+from refmount.cache import BlockCache, Part
+from refmount.cache.parts import State
+from refmount.decode.arrays import ChunkDecoder, DecodeError
+from refmount.decode.view import SCHEME, DecodedRefSet
+from refmount.errors import FetchError
+from refmount.refs.model import Ref, RefSet
+
+log = logging.getLogger(__name__)
+
+
+class DecodedPart(Part):
+    """A part holding one decoded chunk; weakly referenceable, for the view's index."""
+
+    __slots__ = ("__weakref__",)
+
+
+ChunkKey = tuple[str, Ref]
+
+
+class DecodedReads:
+    """Reads through ``blocks``, decoding the chunks of decoded views it made."""
+
+    def __init__(self, blocks: BlockCache, *, workers: int | None = None) -> None:
+        self.blocks = blocks
+        self.workers = workers or max(1, os.cpu_count() or 1)
+        self._limiter: trio.CapacityLimiter | None = None
+        self._views: weakref.WeakValueDictionary[int, DecodedRefSet] = weakref.WeakValueDictionary()
+        self._serials = itertools.count()
+        self._chunks: weakref.WeakValueDictionary[ChunkKey, DecodedPart] = (
+            weakref.WeakValueDictionary()
+        )
+        self._counters = dict.fromkeys(
+            ("decoded_chunks", "decoded_bytes", "decoded_hits", "decode_errors"), 0
+        )
+
+    def view(self, raw: RefSet) -> DecodedRefSet:
+        """The decoded view of ``raw``, whose chunks this reads."""
+        view = DecodedRefSet(raw, next(self._serials))
+        self._views[view.serial] = view
+        return view
+
+    def stats(self) -> dict[str, int]:
+        return {**self.blocks.stats(), **self._counters}
+
+    async def read_buffer(
+        self, url: str, start: int, end: int, reference: tuple[int, int] | None = None
+    ) -> bytes | memoryview:
+        if not url.startswith(SCHEME):
+            return await self.blocks.read_buffer(url, start, end, reference)
+        part = await self._decoded(url)
+        if end > part.end:
+            raise FetchError(f"read past the end of a decoded chunk ({end} > {part.end})")
+        return part.view(start, end)
+
+    # -- decoding -------------------------------------------------------------------------
+
+    def _source(self, url: str) -> tuple[str, Ref, ChunkDecoder]:
+        serial, _, file_id = url[len(SCHEME) :].partition("/")
+        view = self._views.get(int(serial))
+        found = view.chunk_source(int(file_id)) if view is not None else None
+        if found is None:
+            raise FetchError("a decoded chunk of a reference set since replaced", errno.ESTALE)
+        return found
+
+    async def _decoded(self, url: str) -> DecodedPart:
+        array, source, decoder = self._source(url)
+        if decoder.error is not None:
+            raise FetchError(f"array {array or '/'!r}: {decoder.error}")
+        key = (decoder.key, source)
+        part = self._chunks.get(key)
+        if part is not None:
+            if part.pending:
+                await part.wait()
+            part.check()
+            self.blocks.memory.touch(part)
+            self._counters["decoded_hits"] += 1
+            return part
+        part = DecodedPart(url, 0, decoder.size)
+        self._chunks[key] = part
+        held = self.blocks.memory.reserve(part.reserved, ahead=False, now=0.0)
+        if not held:
+            part.reserved = 0
+        part.state = State.IN_FLIGHT
+        try:
+            data = await self._decode(array, source, decoder)
+        except BaseException as exc:
+            self.blocks.memory.release(part)
+            self._counters["decode_errors"] += 1
+            error = exc if isinstance(exc, FetchError) else FetchError(f"decoding: {exc!r}")
+            part.fail(error)
+            del self._chunks[key]
+            raise
+        self.blocks.memory.release(part)
+        part.land(data)
+        if held:
+            self.blocks.memory.hold(part, 0.0)
+        else:
+            del self._chunks[key]
+        self._counters["decoded_chunks"] += 1
+        self._counters["decoded_bytes"] += len(data)
+        return part
+
+    async def _decode(self, array: str, source: Ref, decoder: ChunkDecoder) -> bytes:
+        raw = await self._raw(array, source, decoder)
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(self.workers)
+        try:
+            return await trio.to_thread.run_sync(decoder.decode, raw, limiter=self._limiter)
+        except (DecodeError, ValueError, RuntimeError, TypeError) as exc:
+            raise FetchError(f"array {array or '/'!r}: a chunk does not decode: {exc}") from None
+
+    async def _raw(self, array: str, source: Ref, decoder: ChunkDecoder) -> bytes | memoryview:
+        if source.data is not None:
+            return source.data
+        assert source.url is not None
+        length = source.length
+        if length is None:
+            length = await self.blocks.fetcher.size(source.url)
+        if length > decoder.max_raw_size:
+            raise FetchError(
+                f"array {array or '/'!r}: a raw chunk of {length} bytes for a decoded chunk "
+                f"of {decoder.size}"
+            )
+        start, end = source.offset, source.offset + length
+        return await self.blocks.read_buffer(source.url, start, end, (start, end))

@@ -1,0 +1,49 @@
+"""What the decoded view makes of each array of a set, for ``refmount check --decode``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from refmount.decode.arrays import ArrayRefused
+from refmount.decode.view import DecodedRefSet
+from refmount.refs.model import RefSet
+
+
+@dataclass
+class ArrayNote:
+    """One array: ``status`` is ``decoded``, ``not decoded`` (its chunks read as EIO:
+    a codec refmount does not decode) or ``left out`` (not in the decoded view)."""
+
+    array: str
+    status: str
+    reason: str | None = None
+
+
+async def survey(raw: RefSet) -> list[ArrayNote]:
+    """Every array of ``raw`` (a directory holding a ``.zarray``), in path order.  Arrays'
+    own directories are not walked: their chunks say nothing more."""
+    view = DecodedRefSet(raw, serial=0)
+    notes = []
+    pending = [""]
+    while pending:
+        path = pending.pop()
+        await raw.ensure(f"{path}/.zarray" if path else ".zarray")
+        array = view.array_at(path)
+        if isinstance(array, ArrayRefused):
+            notes.append(ArrayNote(path or "/", "left out", str(array)))
+            continue
+        if array is not None:
+            error = array.decoder.error
+            notes.append(ArrayNote(path or "/", "not decoded" if error else "decoded", error))
+            continue
+        after = -1
+        while True:
+            await raw.ensure(path, after)
+            listed = False
+            for child in raw.children(path, after):
+                after, listed = child.cursor, True
+                if child.file_id is None:
+                    pending.append(f"{path}/{child.name}" if path else child.name)
+            if not listed:
+                break
+    return sorted(notes, key=lambda note: note.array)

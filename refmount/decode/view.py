@@ -1,0 +1,242 @@
+"""The decoded view of a reference set: the same keys, with arrays' chunks decoded.
+
+:class:`DecodedRefSet` wraps the set the daemon loaded and is what the tree is given:
+listings, lookups and sizes go through it.  Per key:
+
+- JSON metadata (``.zarray``, ``.zattrs``, ``.zgroup``, ``.zmetadata``) held inline is
+  served rewritten (:mod:`refmount.decode.arrays`, :mod:`refmount.decode.jsontext`);
+- a chunk of an array is a :class:`DecodedRef` of the chunk's decoded size (known from
+  the ``.zarray``, so ``stat`` fetches nothing), read through
+  :class:`refmount.decode.reads.DecodedReads`;
+- every other key is served as it is.
+
+An array the view cannot present (variable-length or structured dtype, a ``.zarray``
+that is not Zarr v2 or not held inline, chunk bytes over the bound) is left out whole:
+its directory, metadata and chunks are not in the view, and ``.zmetadata`` does not
+list it.  Each such array is logged once.  An array whose codecs refmount does not
+decode stays, and its chunks read as EIO.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from refmount.decode.arrays import Array, ArrayRefused, ChunkDecoder, parse_zarray
+from refmount.decode.jsontext import dump_json, repair_document
+from refmount.refs.model import Child, Ref, RefSet
+
+log = logging.getLogger(__name__)
+
+METADATA_NAMES = frozenset((".zarray", ".zattrs", ".zgroup", ".zmetadata"))
+#: The scheme of a decoded chunk's URL: ``refmount-decoded:<view serial>/<file id>``.
+SCHEME = "refmount-decoded:"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DecodedRef(Ref):
+    """A decoded chunk: ``length`` decoded bytes of ``source`` through ``decoder``.  Two
+    are equal when they decode the same reference alike (a reload keeps its inode)."""
+
+    source: Ref | None = None
+    decoder: ChunkDecoder | None = None
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, DecodedRef)
+            and self.source == other.source
+            and self.decoder is not None
+            and other.decoder is not None
+            and self.decoder.key == other.decoder.key
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.source, self.decoder.key if self.decoder else None))
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}/{name}" if path else name
+
+
+class DecodedRefSet(RefSet):
+    """``raw`` with its arrays decoded; ``serial`` names it in its chunks' URLs."""
+
+    def __init__(self, raw: RefSet, serial: int) -> None:
+        self.raw = raw
+        self.serial = serial
+        self.mtime = raw.mtime
+        self._arrays: dict[str, Array | ArrayRefused | None] = {}  # directory -> its array
+        self._rewritten: dict[int, bytes] = {}  # file id of inline metadata -> its text
+
+    # -- arrays ---------------------------------------------------------------------------
+
+    def array_at(self, path: str) -> Array | ArrayRefused | None:
+        """The array whose ``.zarray`` is in directory ``path``, why it is left out, or
+        ``None`` when there is none."""
+        try:
+            return self._arrays[path]
+        except KeyError:
+            pass
+        found: Array | ArrayRefused | None = None
+        file_id = self.raw.file_id(_join(path, ".zarray"))
+        if file_id is not None:
+            ref = self.raw.ref(file_id)
+            try:
+                if ref.data is None:
+                    raise ArrayRefused("its .zarray is not held inline in the reference set")
+                found = parse_zarray(ref.data)
+            except ArrayRefused as exc:
+                found = exc
+                log.warning("array %r is left out of the decoded view: %s", path or "/", exc)
+        self._arrays[path] = found
+        return found
+
+    def left_out(self, path: str) -> bool:
+        """Whether ``path`` (a key or directory) is inside an array left out."""
+        while True:
+            if isinstance(self.array_at(path), ArrayRefused):
+                return True
+            if not path:
+                return False
+            path = path.rpartition("/")[0]
+
+    def chunk_array(self, key: str) -> tuple[str, Array] | None:
+        """``(array path, array)`` when ``key`` is a chunk of an array."""
+        path, _, name = key.rpartition("/")
+        for _ in range(32):
+            array = self.array_at(path)
+            if isinstance(array, Array):
+                return (path, array) if array.is_chunk_name(name) else None
+            if not path:
+                return None
+            path, _, last = path.rpartition("/")
+            name = f"{last}/{name}"
+        return None
+
+    def chunk_source(self, file_id: int) -> tuple[str, Ref, ChunkDecoder] | None:
+        """``(array path, raw reference, decoder)`` of a chunk's file id."""
+        ref = self.ref(file_id)
+        if not isinstance(ref, DecodedRef) or ref.source is None or ref.decoder is None:
+            return None
+        found = self.chunk_array(self.raw.key(file_id))
+        return (found[0] if found else "?", ref.source, ref.decoder)
+
+    def arrays(self) -> dict[str, Array | ArrayRefused]:
+        """Every array analysed so far (all, after a full walk), by path."""
+        return {path: a for path, a in self._arrays.items() if a is not None}
+
+    # -- metadata -------------------------------------------------------------------------
+
+    def _metadata(self, file_id: int, key: str, text: bytes) -> bytes:
+        rewritten = self._rewritten.get(file_id)
+        if rewritten is None:
+            rewritten = self._rewrite(key, text)
+            self._rewritten[file_id] = rewritten
+        return rewritten
+
+    def _rewrite(self, key: str, text: bytes) -> bytes:
+        path, _, name = key.rpartition("/")
+        if name == ".zarray":
+            array = self.array_at(path)
+            return array.rewritten() if isinstance(array, Array) else text
+        try:
+            document = json.loads(text)
+        except (ValueError, UnicodeDecodeError):
+            return text  # not JSON: as it is (readers fail on it either way)
+        if name == ".zmetadata" and isinstance(document, dict):
+            document = self._consolidated(path, document)
+        return dump_json(repair_document(document, key))
+
+    def _consolidated(self, path: str, document: dict) -> dict:
+        """``.zmetadata`` with its ``.zarray`` entries rewritten, left-out arrays gone."""
+        entries = document.get("metadata")
+        if not isinstance(entries, dict):
+            return document
+        kept = {}
+        for entry_key, value in entries.items():
+            entry_path = _join(path, entry_key)
+            if self.left_out(entry_path.rpartition("/")[0]):
+                continue
+            if entry_key.rpartition("/")[2] == ".zarray":
+                array = self.array_at(entry_path.rpartition("/")[0])
+                if isinstance(array, Array):
+                    value = json.loads(array.rewritten())
+            kept[entry_key] = value
+        return {**document, "metadata": kept}
+
+    # -- the RefSet interface -------------------------------------------------------------
+
+    def file_id(self, key: str) -> int | None:
+        if self.left_out(key.rpartition("/")[0]):
+            return None
+        return self.raw.file_id(key)
+
+    def key(self, file_id: int) -> str:
+        return self.raw.key(file_id)
+
+    def ref(self, file_id: int) -> Ref:
+        ref = self.raw.ref(file_id)
+        key = self.raw.key(file_id)
+        name = key.rpartition("/")[2]
+        if name in METADATA_NAMES:
+            return Ref(data=self._metadata(file_id, key, ref.data)) if ref.data is not None else ref
+        found = self.chunk_array(key)
+        if found is None:
+            return ref
+        decoder = found[1].decoder
+        return DecodedRef(
+            url=f"{SCHEME}{self.serial}/{file_id}", length=decoder.size, source=ref, decoder=decoder
+        )
+
+    def file_size(self, file_id: int) -> int | None:
+        key = self.raw.key(file_id)
+        if key.rpartition("/")[2] not in METADATA_NAMES:
+            found = self.chunk_array(key)
+            if found is not None:
+                return found[1].decoder.size
+            return self.raw.file_size(file_id)
+        ref = self.ref(file_id)
+        return len(ref.data) if ref.data is not None else ref.length
+
+    def is_dir(self, path: str) -> bool:
+        return self.raw.is_dir(path) and not self.left_out(path)
+
+    def children(self, path: str, after: int = -1) -> Iterator[Child]:
+        if self.left_out(path):
+            return
+        for child in self.raw.children(path, after):
+            if child.file_id is None and isinstance(
+                self.array_at(_join(path, child.name)), ArrayRefused
+            ):
+                continue
+            yield child
+
+    def subdirectory_count(self, path: str) -> int:
+        left_out = sum(
+            1
+            for at, array in self._arrays.items()
+            if isinstance(array, ArrayRefused) and at and at.rpartition("/")[0] == path
+        )
+        return self.raw.subdirectory_count(path) - left_out
+
+    async def ensure(self, path: str, after: int = -1) -> None:
+        await self.raw.ensure(path, after)
+        await self.raw.ensure(_join(path, ".zarray"))
+        parent = path
+        while parent:
+            parent = parent.rpartition("/")[0]
+            await self.raw.ensure(_join(parent, ".zarray"))
+
+    def url_extent(self, url: str) -> int | None:
+        return self.raw.url_extent(url)
+
+    def protocols(self) -> set[str]:
+        return self.raw.protocols()
+
+    def target_urls(self) -> Sequence[str] | None:
+        return self.raw.target_urls()
+
+    def close(self) -> None:
+        self.raw.close()

@@ -1,0 +1,324 @@
+"""The decoded view without a mount: codecs, bounds, metadata rewriting, the view's keys."""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from pathlib import Path
+
+import numcodecs
+import numpy as np
+import pytest
+
+from refmount.decode import (
+    SCHEME,
+    ArrayRefused,
+    CodecError,
+    DecodedRef,
+    DecodedRefSet,
+    DecodeError,
+    build_stage,
+    parse_zarray,
+)
+from refmount.decode.arrays import MAX_CHUNK_BYTES
+from refmount.decode.jsontext import dump_json, repair_document
+from refmount.refs import open_refset
+
+VALUES = np.linspace(-50, 50, 1000, dtype="<f8")
+
+
+def zarray(**fields: object) -> bytes:
+    meta = {
+        "zarr_format": 2,
+        "shape": [1000],
+        "chunks": [1000],
+        "dtype": "<f8",
+        "fill_value": None,
+        "order": "C",
+        "compressor": None,
+        "filters": None,
+    }
+    meta.update(fields)
+    return json.dumps(meta).encode()
+
+
+def decode_with(compressor: dict | None, filters: list | None, encoded: bytes, **fields: object):
+    array = parse_zarray(zarray(compressor=compressor, filters=filters, **fields))
+    assert array.decoder.error is None, array.decoder.error
+    return array.decoder.decode(encoded)
+
+
+@pytest.mark.parametrize(
+    "codec",
+    [
+        numcodecs.Zlib(level=5),
+        numcodecs.GZip(level=3),
+        numcodecs.BZ2(),
+        numcodecs.LZMA(),
+        numcodecs.Zstd(level=3),
+        numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.SHUFFLE),
+        numcodecs.Blosc(cname="zstd", shuffle=numcodecs.Blosc.BITSHUFFLE),
+        numcodecs.LZ4(),
+    ],
+    ids=lambda c: c.codec_id,
+)
+def test_each_compressor_decodes_to_the_exact_bytes(codec: numcodecs.abc.Codec) -> None:
+    encoded = bytes(codec.encode(VALUES))
+    assert decode_with(codec.get_config(), None, encoded) == VALUES.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("filters", "values"),
+    [
+        ([numcodecs.Shuffle(elementsize=8)], VALUES),
+        ([numcodecs.Delta(dtype="<i8", astype="<i2")], np.arange(1000, dtype="<i8")),
+        (
+            [numcodecs.FixedScaleOffset(offset=0, scale=100, dtype="<f8", astype="<i4")],
+            np.round(VALUES, 2),
+        ),
+        ([numcodecs.Quantize(digits=3, dtype="<f8")], VALUES),
+        ([numcodecs.AsType(encode_dtype="<f4", decode_dtype="<f8")], VALUES),
+        ([numcodecs.BitRound(keepbits=10)], VALUES),
+        ([numcodecs.Fletcher32()], VALUES),
+        ([numcodecs.CRC32()], VALUES),
+        ([numcodecs.Adler32()], VALUES),
+        ([numcodecs.Shuffle(elementsize=8), numcodecs.Zlib()], VALUES),
+    ],
+    ids=lambda f: "+".join(c.codec_id for c in f) if isinstance(f, list) else "",
+)
+def test_filters_are_undone_in_zarr_order(filters: list, values: np.ndarray) -> None:
+    encoded = values
+    for codec in filters:
+        encoded = codec.encode(encoded)
+    expected = values
+    for codec in reversed(filters):
+        expected = codec.decode(expected) if codec is not filters[-1] else codec.decode(encoded)
+    expected = np.frombuffer(bytes(numcodecs.compat.ensure_contiguous_ndarray(expected)), "u1")
+    decoded = decode_with(
+        None, [c.get_config() for c in filters], bytes(encoded), dtype=values.dtype.str
+    )
+    assert decoded == expected.tobytes()
+    assert len(decoded) == 1000 * values.dtype.itemsize
+
+
+def test_packbits_decodes_booleans() -> None:
+    values = np.arange(1000) % 3 == 0
+    encoded = bytes(numcodecs.PackBits().encode(values))
+    decoded = decode_with(None, [{"id": "packbits"}], encoded, dtype="|b1")
+    assert decoded == values.tobytes()
+
+
+def test_big_endian_fortran_order_becomes_little_endian_c_order() -> None:
+    values = np.arange(12, dtype=">i4").reshape(3, 4)
+    raw = values.tobytes(order="F")
+    array = parse_zarray(zarray(shape=[3, 4], chunks=[3, 4], dtype=">i4", order="F"))
+    decoded = array.decoder.decode(raw)
+    assert decoded == values.astype("<i4").tobytes(order="C")
+    rewritten = json.loads(array.rewritten())
+    assert rewritten["dtype"] == "<i4" and rewritten["order"] == "C"
+    assert rewritten["compressor"] is None and rewritten["filters"] is None
+
+
+def test_rewritten_metadata_is_strict_json_with_the_spec_fill_values() -> None:
+    for value, text in ((math.nan, "NaN"), (math.inf, "Infinity"), (-math.inf, "-Infinity")):
+        source = zarray(fill_value=value, dtype=">f4", compressor={"id": "zlib", "level": 1})
+        rewritten = parse_zarray(source).rewritten()
+        meta = json.loads(rewritten, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+        assert meta["fill_value"] == text
+        assert meta["dtype"] == "<f4"
+    assert json.loads(parse_zarray(zarray(dtype="|u1")).rewritten())["dtype"] == "|u1"
+    assert json.loads(parse_zarray(zarray(dtype=">u1")).rewritten())["dtype"] == "|u1"
+
+
+def test_attributes_are_repaired_as_netcdf_c_and_gdal_read_them() -> None:
+    document = {
+        "missing_value": math.nan,
+        "valid_range": [0.0, math.inf],
+        "bad_range": [math.nan, 1.0],
+        "nested": {"x": -math.inf},
+        "title": "café",
+    }
+    repaired = repair_document(document, "x/.zattrs")
+    assert repaired == {
+        "missing_value": "NaN",
+        "valid_range": [0.0, "Infinity"],
+        "nested": {"x": "-Infinity"},
+        "title": "café",
+    }
+    text = dump_json(repaired)
+    assert "café".encode() in text and b"\\u" not in text
+
+
+def test_a_chunk_that_decodes_to_more_than_its_size_is_an_error() -> None:
+    bomb = zlib.compress(bytes(100 << 20))  # 100 MiB of zeros in ~100 KiB
+    with pytest.raises(DecodeError, match="more than"):
+        decode_with({"id": "zlib"}, None, bomb)
+
+
+def test_a_chunk_that_decodes_to_less_than_its_size_is_an_error() -> None:
+    short = zlib.compress(VALUES.tobytes()[:-8])
+    with pytest.raises(DecodeError):
+        decode_with({"id": "zlib"}, None, short)
+    with pytest.raises(DecodeError):
+        decode_with(None, None, VALUES.tobytes()[:-1])  # uncompressed, one byte short
+    with pytest.raises(DecodeError):
+        decode_with({"id": "zlib"}, None, zlib.compress(VALUES.tobytes())[:-10])  # truncated
+
+
+@pytest.mark.parametrize(
+    "codec",
+    [numcodecs.Zstd(), numcodecs.Blosc(), numcodecs.LZ4()],
+    ids=lambda c: c.codec_id,
+)
+def test_a_frame_declaring_another_size_is_refused_before_decoding(codec) -> None:
+    bigger = bytes(codec.encode(np.zeros(2000, "<f8")))
+    with pytest.raises(DecodeError, match=r"declares|more"):
+        decode_with(codec.get_config(), None, bigger)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"id": "pickle"},
+        {"id": "json2"},
+        {"id": "vlen-utf8"},
+        {"id": "categorize", "labels": ["a"], "dtype": "<U1"},
+        {"id": "imagecodecs_jpeg"},
+        {"id": "no-such-codec"},
+        {"level": 1},
+        "zlib",
+        {"id": "delta", "dtype": "|O"},
+        {"id": "fixedscaleoffset", "dtype": "<f8", "scale": 0, "offset": 0},
+        {"id": "shuffle", "elementsize": "4; import os"},
+        {"id": "lzma", "format": 3, "filters": [{"id": 33}]},
+    ],
+)
+def test_codecs_outside_the_allowlist_or_with_bad_parameters_are_refused(config) -> None:
+    with pytest.raises(CodecError):
+        build_stage(config)
+
+
+def test_an_unknown_codec_leaves_the_array_readable_as_errors_naming_it() -> None:
+    array = parse_zarray(zarray(compressor={"id": "imagecodecs_jpeg", "level": 90}))
+    assert "imagecodecs_jpeg" in (array.decoder.error or "")
+    with pytest.raises(DecodeError, match="imagecodecs_jpeg"):
+        array.decoder.decode(b"anything")
+    pickled = parse_zarray(zarray(filters=[{"id": "pickle", "protocol": 5}]))
+    assert "pickle" in (pickled.decoder.error or "")
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"chunks": [1 << 40, 1 << 40], "shape": [10, 10]}, "over the bound"),
+        ({"chunks": [MAX_CHUNK_BYTES // 8 + 1]}, "over the bound"),
+        ({"chunks": [0]}, "positive"),
+        ({"chunks": [-1]}, "dimensions"),
+        ({"chunks": [10, 10]}, "dimensions"),
+        ({"chunks": [True]}, "dimensions"),
+        ({"dtype": "|O"}, "variable-length"),
+        ({"dtype": [["a", "<f4"]]}, "dtype"),
+        ({"dtype": "<f3"}, "dtype"),
+        ({"order": "X"}, "order"),
+        ({"zarr_format": 3}, "Zarr v2"),
+        ({"dimension_separator": "-"}, "dimension_separator"),
+    ],
+)
+def test_arrays_the_view_cannot_present_are_refused_with_a_reason(fields, reason) -> None:
+    with pytest.raises(ArrayRefused, match=reason):
+        parse_zarray(zarray(**fields))
+    with pytest.raises(ArrayRefused, match="JSON"):
+        parse_zarray(b"{not json")
+
+
+def test_same_codecs_and_layout_share_a_decoder_key() -> None:
+    a = parse_zarray(zarray(compressor={"id": "zlib", "level": 1}))
+    b = parse_zarray(zarray(compressor={"id": "zlib", "level": 1}, shape=[5000]))
+    c = parse_zarray(zarray(compressor={"id": "zlib", "level": 2}))
+    assert a.decoder.key == b.decoder.key != c.decoder.key
+
+
+# -- the view's keys ---------------------------------------------------------------------
+
+
+def write_refs(path: Path, refs: dict) -> Path:
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    return path
+
+
+def test_the_view_presents_decoded_sizes_rewritten_metadata_and_leaves_out_strings(
+    tmp_path: Path,
+) -> None:
+    chunk = zlib.compress(VALUES.tobytes())
+    meta = zarray(compressor={"id": "zlib"}, shape=[2000], fill_value=math.nan).decode()
+    strings = zarray(dtype="|O", filters=[{"id": "vlen-utf8"}]).decode()
+    consolidated = {
+        "zarr_consolidated_format": 1,
+        "metadata": {
+            ".zgroup": {"zarr_format": 2},
+            "v/.zarray": json.loads(meta),
+            "v/.zattrs": {"_ARRAY_DIMENSIONS": ["x"], "missing": math.nan},
+            "s/.zarray": json.loads(strings),
+            "s/.zattrs": {"_ARRAY_DIMENSIONS": ["x"]},
+        },
+    }
+    refs = {
+        ".zgroup": '{"zarr_format":2}',
+        ".zmetadata": json.dumps(consolidated),
+        "v/.zarray": meta,
+        "v/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["x"], "title": "caf\u00e9"}),
+        "v/0": "base64:" + __import__("base64").b64encode(chunk).decode(),
+        "v/1": ["http://127.0.0.1:9/data.bin", 100, len(chunk)],
+        "s/.zarray": strings,
+        "s/0": "base64:AAAA",
+        "notes.txt": "plain",
+    }
+    raw = open_refset(str(write_refs(tmp_path / "refs.json", refs)), allow_local=True)
+    view = DecodedRefSet(raw, 7)
+
+    assert [c.name for c in view.children("")] == [".zgroup", ".zmetadata", "notes.txt", "v"]
+    assert not view.is_dir("s") and view.file_id("s/.zarray") is None
+    assert view.file_id("s/0") is None
+    for name in ("0", "1"):
+        file_id = view.file_id(f"v/{name}")
+        ref = view.ref(file_id)
+        assert isinstance(ref, DecodedRef) and ref.url == f"{SCHEME}7/{file_id}"
+        assert ref.length == view.file_size(file_id) == 8000
+    zarray_text = view.ref(view.file_id("v/.zarray")).data
+    assert json.loads(zarray_text)["fill_value"] == "NaN"
+    zattrs = view.ref(view.file_id("v/.zattrs")).data
+    assert "café".encode() in zattrs
+    zmetadata = json.loads(view.ref(view.file_id(".zmetadata")).data)
+    assert sorted(zmetadata["metadata"]) == [".zgroup", "v/.zarray", "v/.zattrs"]
+    assert zmetadata["metadata"]["v/.zattrs"]["missing"] == "NaN"
+    assert zmetadata["metadata"]["v/.zarray"]["compressor"] is None
+    assert view.ref(view.file_id("notes.txt")).data == b"plain"
+    assert view.file_size(view.file_id("v/.zattrs")) == len(zattrs)
+
+
+def test_check_decode_lists_what_the_view_cannot_decode_or_leaves_out(tmp_path: Path) -> None:
+    from tests.conftest import refmount_cli
+
+    refs = {
+        ".zgroup": '{"zarr_format":2}',
+        "good/.zarray": zarray(compressor={"id": "zlib"}).decode(),
+        "odd/.zarray": zarray(compressor={"id": "imagecodecs_jpeg"}).decode(),
+        "g/text/.zarray": zarray(dtype="|O", filters=[{"id": "vlen-utf8"}]).decode(),
+        "g/text/0": "base64:AAAA",
+    }
+    path = write_refs(tmp_path / "refs.json", refs)
+    plain = refmount_cli("check", str(path))
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    result = refmount_cli("check", "--decode", "--json", str(path))
+    assert result.returncode == 1
+    notes = {note["array"]: note for note in json.loads(result.stdout)["arrays"]}
+    assert {name: note["status"] for name, note in notes.items()} == {
+        "good": "decoded",
+        "odd": "not decoded",
+        "g/text": "left out",
+    }
+    assert "imagecodecs_jpeg" in notes["odd"]["reason"]
+    assert "variable-length" in notes["g/text"]["reason"]
+    text = refmount_cli("check", "--decode", str(path)).stdout
+    assert "1 arrays decoded, 1 not decoded (EIO), 1 left out" in text

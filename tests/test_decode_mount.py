@@ -1,0 +1,167 @@
+"""The decoded view through a real mount, read by real readers: Debian's ncdump and GDAL
+3.6, zarr, and plain ``cat``/``stat`` for sizes, errors and hostile chunks."""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+import re
+import subprocess
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+import pytest
+import zarr
+
+from tests.support.mounting import REPO, Mounted
+
+AIR = REPO / "examples" / "air"
+CHUNK_BYTES = 31 * 25 * 53 * 4  # the air example's chunks of float32
+
+
+def air_values() -> np.ndarray:
+    with netCDF4.Dataset(AIR / "air.nc") as ds:
+        ds.set_auto_maskandscale(False)
+        return ds["air"][:]
+
+
+def ncdump_values(mountpoint: Path, variable: str) -> np.ndarray:
+    """``variable``'s values as Debian's ncdump prints them, to float32 precision."""
+    out = subprocess.run(
+        ["ncdump", "-p", "9,17", "-v", variable, f"file://{mountpoint}#mode=zarr,file"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    data = out.split("data:", 1)[1]
+    body = re.search(rf"\b{variable} =(.*?);", data, re.S)
+    assert body is not None, out[-2000:]
+    values = body.group(1).replace("\n", " ").split(",")
+    return np.array([float(v.strip().rstrip("f")) for v in values], "<f4")
+
+
+def test_ncdump_reads_air_through_the_decoded_mount_as_netcdf4_python_does(
+    mount: Callable[..., Mounted],
+) -> None:
+    expected = air_values()
+    decoded = mount(AIR / "refs.json", "--decode", "--allow-local")
+    assert np.array_equal(ncdump_values(decoded.mountpoint, "air"), expected.ravel())
+    # The raw view prints compressed bytes as numbers: what --decode is for.
+    raw = mount(AIR / "refs.json", "--allow-local")
+    assert not np.array_equal(ncdump_values(raw.mountpoint, "air"), expected.ravel())
+
+
+def test_debian_gdal_translates_air_through_the_decoded_mount(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    decoded = mount(AIR / "refs.json", "--decode", "--allow-local")
+    expected = air_values()
+    for index in (0, 77):
+        out = tmp_path / f"air{index}.img"
+        source = f'ZARR:"{decoded.mountpoint}":/air:{index}'
+        subprocess.run(
+            ["gdal_translate", "-q", "-of", "ENVI", source, str(out)], check=True, timeout=120
+        )
+        assert np.array_equal(np.fromfile(out, "<f4"), expected[index].ravel())
+
+
+def test_zarr_reads_the_decoded_mount_as_it_reads_the_raw_one(
+    mount: Callable[..., Mounted],
+) -> None:
+    raw = zarr.open_group(mount(AIR / "refs.json", "--allow-local").mountpoint, mode="r")
+    decoded_mount = mount(AIR / "refs.json", "-o", "decode,allow_local")
+    decoded = zarr.open_group(decoded_mount.mountpoint, mode="r", zarr_format=2)
+    names = sorted(name for name, _ in raw.arrays())
+    assert names == sorted(name for name, _ in decoded.arrays()) == ["air", "lat", "lon", "time"]
+    for name in names:
+        assert decoded[name].dtype == raw[name].dtype
+        assert np.array_equal(decoded[name][...], raw[name][...])
+        assert dict(decoded[name].attrs) == dict(raw[name].attrs)
+    meta = json.loads((decoded_mount.mountpoint / "air" / ".zarray").read_text())
+    assert (meta["compressor"], meta["filters"], meta["dtype"]) == (None, None, "<f4")
+
+
+def test_chunk_sizes_are_answered_without_fetching(mount: Callable[..., Mounted]) -> None:
+    decoded = mount(AIR / "refs.json", "--decode", "--allow-local", "--xattrs")
+    listing = subprocess.run(
+        ["ls", "-l", str(decoded.mountpoint / "air")], capture_output=True, text=True, check=True
+    ).stdout
+    sizes = {line.split()[-1]: int(line.split()[4]) for line in listing.splitlines()[1:]}
+    assert {name: sizes[name] for name in ("0.0.0", "1.0.0", "2.0.0", "3.0.0")} == dict.fromkeys(
+        ("0.0.0", "1.0.0", "2.0.0", "3.0.0"), CHUNK_BYTES
+    )
+    assert os.stat(decoded.mountpoint / "air" / "3.0.0").st_size == CHUNK_BYTES
+    stats = json.loads(os.getxattr(decoded.mountpoint, "user.refmount.stats"))
+    assert stats["demand_requests"] == 0 and stats["decoded_chunks"] == 0
+    data = (decoded.mountpoint / "air" / "1.0.0").read_bytes()
+    assert data == air_values()[31:62].astype("<f4").tobytes()
+    stats = json.loads(os.getxattr(decoded.mountpoint, "user.refmount.stats"))
+    assert stats["decoded_chunks"] == 1
+
+
+def inline(data: bytes) -> str:
+    return "base64:" + base64.b64encode(data).decode()
+
+
+def zarray(**fields: object) -> str:
+    meta = {
+        "zarr_format": 2,
+        "shape": [8],
+        "chunks": [4],
+        "dtype": ">i4",
+        "fill_value": 0,
+        "order": "C",
+        "compressor": {"id": "zlib", "level": 1},
+        "filters": None,
+    }
+    meta.update(fields)
+    return json.dumps(meta)
+
+
+def test_bad_chunks_and_unknown_codecs_are_eio_and_the_daemon_lives(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    good = np.arange(4, dtype=">i4")
+    refs = {
+        ".zgroup": '{"zarr_format":2}',
+        "good/.zarray": zarray(),
+        "good/0": inline(zlib.compress(good.tobytes())),
+        "long/.zarray": zarray(),
+        "long/0": inline(zlib.compress(np.arange(400, dtype=">i4").tobytes())),
+        "short/.zarray": zarray(),
+        "short/0": inline(zlib.compress(good.tobytes()[:-1])),
+        "plain/.zarray": zarray(compressor=None),
+        "plain/0": inline(good.tobytes() + b"\0"),
+        "odd/.zarray": zarray(compressor={"id": "imagecodecs_jpeg", "level": 90}),
+        "odd/0": inline(b"not decoded"),
+        "odd/1": inline(b"not decoded either"),
+        "pickled/.zarray": zarray(compressor=None, filters=[{"id": "pickle"}]),
+        "pickled/0": inline(b"\x80\x04K\x01."),
+        "text/.zarray": zarray(dtype="|O", compressor=None, filters=[{"id": "vlen-utf8"}]),
+        "text/0": inline(b"\x01\0\0\0\x01\0\0\0a"),
+    }
+    path = tmp_path / "refs.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    mounted = mount(path, "--decode")
+    root = mounted.mountpoint
+    assert sorted(os.listdir(root)) == [
+        ".zgroup", "good", "long", "odd", "pickled", "plain", "short",
+    ]  # fmt: skip
+    for key in ("long/0", "short/0", "plain/0", "odd/0", "odd/1", "pickled/0", "odd/0"):
+        with pytest.raises(OSError) as failed:
+            (root / key).read_bytes()
+        assert failed.value.errno == errno.EIO, key
+        assert os.stat(root / key).st_size == 16
+    assert (root / "good" / "0").read_bytes() == good.astype("<i4").tobytes()
+    assert not (root / "text").exists()
+    assert mounted.process.poll() is None
+    log = mounted.log()
+    assert len([line for line in log.splitlines() if "imagecodecs_jpeg" in line]) == 1
+    assert re.search(r"'odd'.*'imagecodecs_jpeg'", log)
+    assert re.search(r"array 'text' is left out of the decoded view: variable-length", log)

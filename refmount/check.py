@@ -113,6 +113,7 @@ def check(options: CheckOptions, progress: Any = None) -> Report:
                 allow_local=options.allow_local,
                 timeout=options.timeout,
                 progress=progress,
+                rank0_chunk_keys=options.decode,
             )
         except (RefsError, OSError, ValueError) as exc:
             report.problems.append(Problem("load", str(exc)))

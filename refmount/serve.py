@@ -222,6 +222,7 @@ def load_refset(config: Config, progress: Callable[[str, int, int], None] | None
         allow_local=config.allow_local,
         timeout=config.timeout,
         progress=progress,
+        rank0_chunk_keys=config.decode,
         **options,
     )
 

@@ -165,3 +165,28 @@ def test_bad_chunks_and_unknown_codecs_are_eio_and_the_daemon_lives(
     assert len([line for line in log.splitlines() if "imagecodecs_jpeg" in line]) == 1
     assert re.search(r"'odd'.*'imagecodecs_jpeg'", log)
     assert re.search(r"array 'text' is left out of the decoded view: variable-length", log)
+
+
+def test_a_rank0_chunk_written_as_name_slash_is_served_as_name_0(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    refs = {
+        ".zgroup": '{"zarr_format":2}',
+        "crs/.zarray": zarray(shape=[], chunks=[]),
+        "crs/.zattrs": json.dumps(
+            {"_ARRAY_DIMENSIONS": [], "grid_mapping_name": "latitude_longitude"}
+        ),
+        "crs/": inline(zlib.compress(np.array(7, ">i4").tobytes())),
+    }
+    path = tmp_path / "refs.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    decoded = mount(path, "--decode").mountpoint
+    assert sorted(os.listdir(decoded / "crs")) == [".zarray", ".zattrs", "0"]
+    assert (decoded / "crs" / "0").read_bytes() == np.array(7, "<i4").tobytes()
+    assert zarr.open_group(decoded, mode="r", zarr_format=2)["crs"][()] == 7
+    info = subprocess.run(
+        ["gdalmdiminfo", "-detailed", str(decoded)], capture_output=True, text=True, check=True
+    )
+    assert json.loads(info.stdout)["arrays"]["crs"]["values"] == 7
+    raw = mount(path).mountpoint  # the raw view is unchanged: the key is skipped there
+    assert sorted(os.listdir(raw / "crs")) == [".zarray", ".zattrs"]

@@ -60,10 +60,21 @@ class _SortedKeys:
 
 
 class TableRefSet(RefSet):
-    def __init__(self, table: pa.Table, urls: list[str], *, mtime: float, name: str) -> None:
-        """``table`` has the columns of :meth:`Columns.table`, in file order."""
+    def __init__(
+        self,
+        table: pa.Table,
+        urls: list[str],
+        *,
+        mtime: float,
+        name: str,
+        rank0_chunk_keys: bool = False,
+    ) -> None:
+        """``table`` has the columns of :meth:`Columns.table`, in file order;
+        ``rank0_chunk_keys``: see :func:`refmount.refs.open_refset`."""
         self.mtime = mtime
         self.urls = urls
+        if rank0_chunk_keys:
+            table = _rank0_chunk_keys(table)
         table, directories = _index(table, name)
         self._subdirectories = Counter(d.rpartition("/")[0] for d in directories)
         self._keys = _SortedKeys(table.column("key").combine_chunks())
@@ -149,6 +160,15 @@ class TableRefSet(RefSet):
 
     def target_urls(self) -> list[str]:
         return self.urls
+
+
+def _rank0_chunk_keys(table: pa.Table) -> pa.Table:
+    """Keys ending in one ``/`` as ending in ``/0`` (before the keys are checked)."""
+    column = table.schema.get_field_index("key")
+    keys = pc.replace_substring_regex(
+        table.column(column), pattern=r"^(.*[^/])/$", replacement=r"\1/0"
+    )
+    return table.set_column(column, "key", keys)
 
 
 def _index(table: pa.Table, name: str) -> tuple[pa.Table, list[str]]:

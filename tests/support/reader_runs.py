@@ -30,7 +30,7 @@ TIMEOUT = 120
 
 @dataclass(frozen=True)
 class Outcome:
-    kind: str  # "equal", "wrong", "refused", "crash"
+    kind: str  # "equal", "wrong", "refused", "crash", or "absent" (not in the tree)
     detail: str = ""
 
     def __str__(self) -> str:

@@ -202,3 +202,66 @@ def test_ncdump_reads_a_netcdf3_set_as_a_copy_of_its_tree(
     assert mounted.stdout.replace("mnt", "copy", 1) == copied.stdout
     assert "\tdouble height(y, x) ;" in mounted.stdout
     assert data_blocks(mounted.stdout)["height"] != data_blocks(direct)["height"]  # the limit
+
+
+# -- GDAL's own reference readers (GDAL >= 3.11) --------------------------------------------
+
+VSIKERCHUNK_CHILD = r"""
+import json, sys
+import numpy as np
+import rasterio
+sources, out = json.loads(sys.argv[1]), sys.argv[2]
+with rasterio.Env() as env:
+    parquet = "Parquet" in env.drivers()
+result = {"gdal": rasterio.__gdal_version__, "parquet_driver": parquet, "read": {}, "refused": {}}
+for label, source in sources.items():
+    try:
+        with rasterio.open(source) as ds:
+            np.save(f"{out}/{label}.npy", ds.read())
+        result["read"][label] = f"{out}/{label}.npy"
+    except rasterio.errors.RasterioIOError as e:
+        result["refused"][label] = str(e.__cause__ or e)
+print(json.dumps(result))
+"""
+
+
+def test_rasterio_gdal_reads_as_its_own_vsikerchunk(
+    nc4: Path, nc4_mount: Path, tmp_path: Path
+) -> None:
+    """The rasterio wheel's GDAL reads the same values through the mount as through its own
+    ``/vsikerchunk_json_ref/``; its ``/vsikerchunk_parquet_ref/`` needs GDAL's Parquet
+    driver to open a set's ``refs.N.parq`` files, which the rasterio 1.5 wheels are built
+    without (arrays held inline in ``.zmetadata``, here ``time``, ``x``, ``y``, still read)."""
+    import kerchunk.df
+
+    refs = kerchunk_refs(nc4, nc4.as_uri(), inline_threshold=100)
+    (tmp_path / "refs.json").write_text(json.dumps(refs))
+    kerchunk.df.refs_to_dataframe(refs, str(tmp_path / "refs.parq"), record_size=10)
+    names = sorted(set(netcdf_arrays(nc4)) - set(GDAL_3_11_REFUSALS))
+    sources = {}
+    for name in names:
+        sources[f"mount-{name}"] = f'ZARR:"{nc4_mount}":/{name}'
+        sources[f"json-{name}"] = f'ZARR:"/vsikerchunk_json_ref/{{{tmp_path}/refs.json}}":/{name}'
+        parquet = f"/vsikerchunk_parquet_ref/{{{tmp_path}/refs.parq}}"
+        sources[f"parquet-{name}"] = f'ZARR:"{parquet}":/{name}'
+    child = subprocess.run(
+        [sys.executable, "-c", VSIKERCHUNK_CHILD, json.dumps(sources), str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr
+    result = json.loads(child.stdout)
+    assert gdal_refusals(result["gdal"]) is GDAL_3_11_REFUSALS, "needs GDAL >= 3.11"
+    expected = netcdf_arrays(nc4)
+    for name in names:
+        mounted = np.load(result["read"][f"mount-{name}"])
+        own = np.load(result["read"][f"json-{name}"])
+        np.testing.assert_array_equal(mounted, own, err_msg=name)
+        np.testing.assert_array_equal(own.reshape(expected[name].shape), expected[name])
+        if f"parquet-{name}" in result["read"]:
+            np.testing.assert_array_equal(np.load(result["read"][f"parquet-{name}"]), own)
+        else:
+            why = result["refused"][f"parquet-{name}"]
+            assert "refs.0.parq' not recognized as being in a supported file format" in why
+    unread = {label.split("-", 1)[1] for label in result["refused"]}
+    assert result["parquet_driver"] or unread, result  # without the driver, some fail
+    assert set(result["refused"]) == {f"parquet-{name}" for name in unread}

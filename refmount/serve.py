@@ -228,7 +228,9 @@ def load_refset(config: Config, progress: Callable[[str, int, int], None] | None
 
 
 def _key_count(refset: object) -> int | None:
-    """Keys of a set held in memory; None for one loaded lazily (Parquet)."""
+    """Keys of a set held in memory; None for one loaded lazily (Parquet).  A decoded
+    view counts the keys of the set it presents."""
+    refset = getattr(refset, "raw", refset)
     return len(refset) if hasattr(refset, "__len__") else None
 
 

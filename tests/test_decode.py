@@ -322,3 +322,33 @@ def test_check_decode_lists_what_the_view_cannot_decode_or_leaves_out(tmp_path: 
     assert "variable-length" in notes["g/text"]["reason"]
     text = refmount_cli("check", "--decode", str(path)).stdout
     assert "1 arrays decoded, 1 not decoded (EIO), 1 left out" in text
+
+
+def test_nested_chunk_keys_and_overflowing_arrays_in_the_view(tmp_path: Path) -> None:
+    nested = zarray(shape=[4, 4], chunks=[2, 2], dimension_separator="/").decode()
+    huge = zarray(shape=[10], chunks=[1 << 40]).decode()
+    refs = {
+        "n/.zarray": nested,
+        "n/0/0": "base64:" + "A" * 44,
+        "n/1/1": "base64:" + "A" * 44,
+        "n/0/notes": "text",
+        "huge/.zarray": huge,
+        "huge/0": "base64:AAAA",
+    }
+    raw = open_refset(str(write_refs(tmp_path / "refs.json", refs)), allow_local=True)
+    view = DecodedRefSet(raw, 0)
+    for key in ("n/0/0", "n/1/1"):
+        ref = view.ref(view.file_id(key))
+        assert isinstance(ref, DecodedRef) and ref.length == 2 * 2 * 8
+    assert not isinstance(view.ref(view.file_id("n/0/notes")), DecodedRef)
+    assert view.file_id("huge/0") is None and not view.is_dir("huge")
+    assert [c.name for c in view.children("")] == ["n"]
+    assert "over the bound" in str(view.array_at("huge"))
+
+
+def test_decode_is_a_flag_and_a_mount_option() -> None:
+    from refmount.options import parse_args
+
+    assert not parse_args(["refs.json", "mnt"]).decode
+    assert parse_args(["--decode", "refs.json", "mnt"]).decode
+    assert parse_args(["-o", "ro,decode", "refs.json", "mnt"]).decode

@@ -190,3 +190,108 @@ def test_a_rank0_chunk_written_as_name_slash_is_served_as_name_0(
     assert json.loads(info.stdout)["arrays"]["crs"]["values"] == 7
     raw = mount(path).mountpoint  # the raw view is unchanged: the key is skipped there
     assert sorted(os.listdir(raw / "crs")) == [".zarray", ".zattrs"]
+
+
+def test_leaving_out_a_string_array_lets_ncdump_read_the_rest(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    values = (np.arange(8) / 4).astype(">f8")
+    strings = [b"alpha", b"b", b"", b"delta"]
+    vlen = np.array(strings, dtype=object)
+    refs = {
+        ".zgroup": '{"zarr_format":2}',
+        "v/.zarray": zarray(dtype=">f8", shape=[8], chunks=[8]),
+        "v/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["x"]}),
+        "v/0": inline(zlib.compress(values.tobytes())),
+        "names/.zarray": zarray(
+            dtype="|O", shape=[4], chunks=[4], compressor=None, filters=[{"id": "vlen-bytes"}]
+        ),
+        "names/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["n"]}),
+        "names/0": inline(bytes(__import__("numcodecs").VLenBytes().encode(vlen))),
+    }
+    path = tmp_path / "refs.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    raw = mount(path).mountpoint
+    crashed = subprocess.run(
+        ["ncdump", "-h", f"file://{raw}#mode=zarr,file"], capture_output=True, timeout=120
+    )
+    assert crashed.returncode != 0  # netCDF-C 4.9.0 and a |O array, raw
+    decoded = mount(path, "--decode").mountpoint
+    assert np.array_equal(ncdump_values(decoded, "v"), values.astype("<f4"))
+    info = subprocess.run(
+        ["gdalmdiminfo", "-detailed", str(decoded)], capture_output=True, text=True, check=True
+    )
+    assert list(json.loads(info.stdout)["arrays"]) == ["v"]
+
+
+def test_a_parquet_set_is_decoded_too(mount: Callable[..., Mounted], tmp_path: Path) -> None:
+    from tests.support.parquet_sets import refs_to_parquet
+
+    (tmp_path / "air.nc").write_bytes((AIR / "air.nc").read_bytes())
+    refs_to_parquet(json.loads((AIR / "refs.json").read_text()), tmp_path / "refs.parq", 2)
+    decoded = mount(tmp_path / "refs.parq", "--decode", "--allow-local").mountpoint
+    assert np.array_equal(ncdump_values(decoded, "air"), air_values().ravel())
+    consolidated = json.loads((decoded / ".zmetadata").read_text())["metadata"]
+    assert consolidated["air/.zarray"]["filters"] is None
+    group = zarr.open_group(decoded, mode="r", zarr_format=2, use_consolidated=True)
+    assert np.array_equal(group["air"][...], air_values())
+
+
+def test_remote_chunks_decode_once_for_keys_sharing_a_reference(
+    mount: Callable[..., Mounted], http, tmp_path: Path
+) -> None:
+    import numcodecs
+
+    values = np.linspace(0, 1, 16000, dtype="<f4")
+    codec = numcodecs.Blosc(cname="zstd", shuffle=numcodecs.Blosc.SHUFFLE)
+    chunk = bytes(codec.encode(values))
+    whole = bytes(numcodecs.Zstd().encode(values))
+    name = "decode-shared.bin"
+    (http.root / name).write_bytes(b"x" * 100 + chunk)
+    (http.root / "decode-whole.bin").write_bytes(whole)
+    meta = zarray(dtype="<f4", shape=[16000], chunks=[16000], compressor=codec.get_config())
+    refs = {
+        ".zgroup": '{"zarr_format":2}',
+        "a/.zarray": meta,
+        "a/0": [f"{http.url}/{name}", 100, len(chunk)],
+        "b/.zarray": meta,
+        "b/0": [f"{http.url}/{name}", 100, len(chunk)],
+        "c/.zarray": zarray(dtype="<f4", shape=[16000], chunks=[16000], compressor={"id": "zstd"}),
+        "c/0": [f"{http.url}/decode-whole.bin"],
+        "gone/.zarray": meta,
+        "gone/0": [f"{http.url}/decode-no-such-file.bin", 0, len(chunk)],
+    }
+    path = tmp_path / "refs.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    root = mount(path, "--decode", "--xattrs").mountpoint
+    for key in ("a/0", "b/0", "c/0"):
+        assert (root / key).read_bytes() == values.tobytes(), key
+    stats = json.loads(os.getxattr(root, "user.refmount.stats"))
+    assert stats["decoded_chunks"] == 2  # a/0 and b/0 share one; c/0
+    with pytest.raises(OSError) as failed:
+        (root / "gone" / "0").read_bytes()
+    assert failed.value.errno == errno.EIO
+    assert os.stat(root / "gone" / "0").st_size == 64000
+
+
+def test_a_reload_keeps_the_decoded_view(mount: Callable[..., Mounted], tmp_path: Path) -> None:
+    import signal
+    import time
+
+    for name in ("air.nc", "refs.json"):
+        (tmp_path / name).write_bytes((AIR / name).read_bytes())
+    mounted = mount(tmp_path / "refs.json", "--decode", "--allow-local")
+    root = mounted.mountpoint
+    first = (root / "air" / "1.0.0").read_bytes()
+    document = json.loads((tmp_path / "refs.json").read_text())
+    document["refs"]["copy/.zarray"] = document["refs"]["air/.zarray"]
+    document["refs"]["copy/0.0.0"] = document["refs"]["air/1.0.0"]
+    (tmp_path / "refs.json").write_text(json.dumps(document))
+    mounted.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 60
+    while not (root / "copy").exists():
+        assert time.monotonic() < deadline, mounted.log()
+        time.sleep(0.05)
+    assert (root / "copy" / "0.0.0").read_bytes() == first
+    assert (root / "air" / "1.0.0").read_bytes() == first
+    assert json.loads((root / "copy" / ".zarray").read_text())["filters"] is None

@@ -85,16 +85,16 @@ class DecodedReads:
 
     # -- decoding -------------------------------------------------------------------------
 
-    def _source(self, url: str) -> tuple[str, Ref, ChunkDecoder]:
+    async def _source(self, url: str) -> tuple[str, Ref, ChunkDecoder]:
         serial, _, file_id = url[len(SCHEME) :].partition("/")
         view = self._views.get(int(serial))
-        found = view.chunk_source(int(file_id)) if view is not None else None
+        found = await view.chunk_source(int(file_id)) if view is not None else None
         if found is None:
             raise FetchError("a decoded chunk of a reference set since replaced", errno.ESTALE)
         return found
 
     async def _decoded(self, url: str) -> DecodedPart:
-        array, source, decoder = self._source(url)
+        array, source, decoder = await self._source(url)
         if decoder.error is not None:
             raise FetchError(f"array {array or '/'!r}: {decoder.error}")
         key = (decoder.key, source)

@@ -115,9 +115,9 @@ class DecodedRefSet(RefSet):
             name = f"{last}/{name}"
         return None
 
-    def chunk_source(self, file_id: int) -> tuple[str, Ref, ChunkDecoder] | None:
+    async def chunk_source(self, file_id: int) -> tuple[str, Ref, ChunkDecoder] | None:
         """``(array path, raw reference, decoder)`` of a chunk's file id."""
-        ref = self.ref(file_id)
+        ref = await self.file_ref(file_id)
         if not isinstance(ref, DecodedRef) or ref.source is None or ref.decoder is None:
             return None
         found = self.chunk_array(self.raw.key(file_id))
@@ -177,7 +177,18 @@ class DecodedRefSet(RefSet):
         return self.raw.key(file_id)
 
     def ref(self, file_id: int) -> Ref:
-        ref = self.raw.ref(file_id)
+        return self._presented(file_id, self.raw.ref(file_id))
+
+    async def file_ref(self, file_id: int) -> Ref:
+        return self._presented(file_id, await self.raw.file_ref(file_id))
+
+    async def find_file(self, key: str) -> int | None:
+        if self.left_out(key.rpartition("/")[0]):
+            return None
+        return await self.raw.find_file(key)
+
+    def _presented(self, file_id: int, ref: Ref) -> Ref:
+        """What the view serves for a key whose raw reference is ``ref``."""
         key = self.raw.key(file_id)
         name = key.rpartition("/")[2]
         if name in METADATA_NAMES:
@@ -222,12 +233,8 @@ class DecodedRefSet(RefSet):
         return self.raw.subdirectory_count(path) - left_out
 
     async def ensure(self, path: str, after: int = -1) -> None:
+        # Metadata keys are held by every kind of set: ``array_at`` loads nothing.
         await self.raw.ensure(path, after)
-        await self.raw.ensure(_join(path, ".zarray"))
-        parent = path
-        while parent:
-            parent = parent.rpartition("/")[0]
-            await self.raw.ensure(_join(parent, ".zarray"))
 
     def url_extent(self, url: str) -> int | None:
         return self.raw.url_extent(url)

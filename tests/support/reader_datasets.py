@@ -142,6 +142,11 @@ def write_classic_netcdf3(path: Path, seed: int = 42) -> Path:
 
 
 def write_plugin_hdf5(path: Path, seed: int = 43) -> Path:
+    # Importing netCDF4 points HDF5_PLUGIN_PATH at the filter plugins its wheel bundles,
+    # built against its own HDF5: h5py's HDF5 would load those and fail in their callback
+    # ("error during user callback"), and hdf5plugin registers nothing that is already
+    # available.  So hdf5plugin's own filters are registered over them.
+    hdf5plugin.register(("blosc", "zstd"), force=True)
     rng = np.random.default_rng(seed)
     with h5py.File(path, "w") as f:
         f.create_dataset(

@@ -70,7 +70,7 @@ def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
 def failed(done: subprocess.CompletedProcess[str]) -> Outcome | None:
     if done.returncode < 0:
         return Outcome("crash", f"signal {-done.returncode}")
-    errors = [line for line in done.stderr.splitlines() if "ERROR" in line or "rror" in line]
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
     if done.returncode != 0 or errors:
         return Outcome("refused", " | ".join(errors or done.stderr.strip().splitlines()[-1:]))
     return None
@@ -141,7 +141,7 @@ for name in names:
             np.save(f"{out}/{name}.npy", ds.read())
         result["read"][name] = f"{out}/{name}.npy"
     except rasterio.errors.RasterioIOError as e:
-        result["refused"][name] = str(e)
+        result["refused"][name] = str(e.__cause__ or e)
 print(json.dumps(result))
 """
 

@@ -17,17 +17,19 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import trio
 from fsspec.core import split_protocol
 
-from refmount.decode.survey import ArrayNote, survey
 from refmount.display import display_url
 from refmount.errors import FetchError, RefsError
 from refmount.fetch import LOCAL_PROTOCOLS, Fetcher, FetchPolicy, redact
 from refmount.refs import Ref, RefSet, open_refset
+
+if TYPE_CHECKING:
+    from refmount.decode.survey import ArrayNote
 
 
 @dataclass
@@ -125,6 +127,8 @@ def check(options: CheckOptions, progress: Any = None) -> Report:
         try:
             sample = trio.run(_walk, refset, report, options.probe, random.Random(options.seed))
             if options.decode:
+                from refmount.decode.survey import survey
+
                 report.arrays = trio.run(survey, refset)
         finally:
             refset.close()

@@ -12,14 +12,13 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyfuse3
 import trio
 
 from refmount.cache import BlockCache
 from refmount.control import ControlServer, MountState, socket_path
-from refmount.decode import DecodedReads
 from refmount.display import display_url
 from refmount.fetch import Fetcher, FetchPolicy
 from refmount.fuse_ops import Operations
@@ -31,6 +30,9 @@ from refmount.refs import RefSet, open_refset
 from refmount.reload import Reloader
 from refmount.tree import Owner, Tree
 from refmount.tuning import log_fuse_features, tune_kernel
+
+if TYPE_CHECKING:
+    from refmount.decode import DecodedReads
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,8 @@ class Daemon:
         reads: BlockCache | DecodedReads = cache
         load: Callable[[Config], RefSet] = load_refset
         if config.decode:  # the decoded view: a set and reads on top of the raw ones
+            from refmount.decode import DecodedReads  # numpy and numcodecs: only when asked
+
             decoded = reads = DecodedReads(cache)
             refset = decoded.view(refset)
             load = lambda config: decoded.view(load_refset(config))  # noqa: E731

@@ -352,3 +352,19 @@ def test_decode_is_a_flag_and_a_mount_option() -> None:
     assert not parse_args(["refs.json", "mnt"]).decode
     assert parse_args(["--decode", "refs.json", "mnt"]).decode
     assert parse_args(["-o", "ro,decode", "refs.json", "mnt"]).decode
+
+
+def test_metadata_nested_too_deep_is_refused_or_served_as_it_is(tmp_path: Path) -> None:
+    deep = "[" * 50_000 + "]" * 50_000
+    deep_zarray = zarray().decode().replace('"fill_value": null', f'"fill_value": {deep}')
+    with pytest.raises(ArrayRefused, match="deep"):
+        parse_zarray(deep_zarray.encode())
+    compressor = zarray().decode().replace('"compressor": null', f'"compressor": {deep}')
+    with pytest.raises(ArrayRefused, match="deep"):
+        parse_zarray(compressor.encode())
+    attrs = '{"a": ' + deep + "}"
+    refs = {"v/.zarray": zarray().decode(), "v/.zattrs": attrs, "v/0": "base64:AAAA"}
+    raw = open_refset(str(write_refs(tmp_path / "refs.json", refs)), allow_local=True)
+    view = DecodedRefSet(raw, 0)
+    assert view.ref(view.file_id("v/.zattrs")).data == attrs.encode()
+    assert [c.name for c in view.children("v")] == [".zarray", ".zattrs", "0"]

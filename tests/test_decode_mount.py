@@ -295,3 +295,56 @@ def test_a_reload_keeps_the_decoded_view(mount: Callable[..., Mounted], tmp_path
     assert (root / "copy" / "0.0.0").read_bytes() == first
     assert (root / "air" / "1.0.0").read_bytes() == first
     assert json.loads((root / "copy" / ".zarray").read_text())["filters"] is None
+
+
+def test_a_chunk_bigger_than_the_budget_is_decoded_once_for_its_reader(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    values = np.arange(1 << 20, dtype="<f4")  # 4 MiB decoded, a 1 MiB budget
+    refs = {
+        ".zgroup": '{"zarr_format":2}',
+        "big/.zarray": zarray(dtype="<f4", shape=[1 << 20], chunks=[1 << 20]),
+        "big/0": inline(zlib.compress(values.tobytes())),
+    }
+    path = tmp_path / "refs.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    root = mount(path, "--decode", "--xattrs", "--cache-size", "1M").mountpoint
+    pieces = []
+    with open(root / "big" / "0", "rb", buffering=0) as chunk:  # READs one after another
+        os.posix_fadvise(chunk.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
+        while piece := chunk.read(256 << 10):
+            pieces.append(piece)
+    assert len(pieces) > 1 and b"".join(pieces) == values.tobytes()
+    stats = json.loads(os.getxattr(root, "user.refmount.stats"))
+    assert stats["decoded_chunks"] == 1
+
+
+def test_ncdump_reads_a_big_endian_netcdf3_set_with_non_ascii_text(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    from kerchunk.netCDF3 import NetCDF3ToZarr
+
+    source = tmp_path / "classic.nc"
+    with netCDF4.Dataset(source, "w", format="NETCDF3_CLASSIC") as ds:
+        ds.createDimension("time", None)
+        ds.createDimension("x", 6)
+        v = ds.createVariable("v", "f4", ("time", "x"))
+        v.long_name = "température"
+        w = ds.createVariable("w", "i2", ("time",))
+        v[:] = np.arange(30).reshape(5, 6) / 3
+        w[:] = np.arange(5) * -7
+    refs = NetCDF3ToZarr(str(source), inline_threshold=0).translate()
+    (tmp_path / "refs.json").write_text(json.dumps(refs))
+    assert ">f4" in refs["refs"]["v/.zarray"]  # netCDF3 data is big-endian
+    decoded = mount(tmp_path / "refs.json", "--decode").mountpoint
+    with netCDF4.Dataset(source) as ds:
+        for name in ("v", "w"):
+            expected = ds[name][:].ravel().astype("<f4")
+            assert np.array_equal(ncdump_values(decoded, name), expected), name
+    header = subprocess.run(
+        ["ncdump", "-h", f"file://{decoded}#mode=zarr,file"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert 'v:long_name = "température" ;' in header

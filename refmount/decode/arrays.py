@@ -88,6 +88,7 @@ class Array:
     meta: dict[str, Any]
     decoder: ChunkDecoder
     separator: str
+    text: bytes  # the rewritten .zarray
 
     @property
     def rank(self) -> int:
@@ -101,15 +102,19 @@ class Array:
         return len(parts) == self.rank and all(p.isdigit() for p in parts)
 
     def rewritten(self) -> bytes:
-        meta = dict(self.meta)
-        meta.update(
-            dtype=_little(self.decoder.dtype),
-            order="C",
-            compressor=None,
-            filters=None,
-            fill_value=repair_fill_value(meta.get("fill_value"), self.decoder.dtype),
-        )
-        return dump_json(repair_document(meta, ".zarray"))
+        return self.text
+
+
+def _rewrite(meta: dict[str, Any], dtype: np.dtype) -> bytes:
+    meta = dict(meta)
+    meta.update(
+        dtype=_little(dtype),
+        order="C",
+        compressor=None,
+        filters=None,
+        fill_value=repair_fill_value(meta.get("fill_value"), dtype),
+    )
+    return dump_json(repair_document(meta, ".zarray"))
 
 
 def _little(dtype: np.dtype) -> str:
@@ -122,8 +127,8 @@ def parse_zarray(text: bytes) -> Array:
     error, so its chunks fail to read (EIO) rather than vanish."""
     try:
         meta = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ArrayRefused(f".zarray is not JSON: {exc}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ArrayRefused(f".zarray is not JSON (or nested too deep): {exc}") from None
     if not isinstance(meta, dict) or meta.get("zarr_format") != 2:
         raise ArrayRefused(".zarray is not Zarr v2 array metadata")
     shape, chunks = meta.get("shape"), meta.get("chunks")
@@ -141,8 +146,12 @@ def parse_zarray(text: bytes) -> Array:
     separator = meta.get("dimension_separator", ".")
     if separator not in (".", "/"):
         raise ArrayRefused(f"dimension_separator {separator!r} is neither '.' nor '/'")
-    decoder = _decoder(meta, tuple(chunks), dtype, order, size)
-    return Array(meta, decoder, separator)
+    try:
+        decoder = _decoder(meta, tuple(chunks), dtype, order, size)
+        rewritten = _rewrite(meta, dtype)
+    except RecursionError:
+        raise ArrayRefused(".zarray is nested too deep") from None
+    return Array(meta, decoder, separator, rewritten)
 
 
 def _dims(value: Any) -> bool:

@@ -11,7 +11,9 @@ and one LRU.  The view's own index holds parts weakly: what the budget evicts is
 once no reader holds it.  Parts are keyed by ``(decoder key, raw reference)``: keys with
 the same reference and the same codecs, dtype and chunk shape share one decoded chunk,
 and one decoding in flight.  A chunk too big for the budget's room is decoded for its
-reader and not kept.
+reader and kept
+outside the budget until the next such chunk (one at most: read in pieces, it is decoded
+once).
 
 Decoding runs in worker threads (zlib, zstd, blosc and lz4 release the GIL), at most
 ``workers`` at a time, so listings and cached reads go on meanwhile.  A chunk that does
@@ -57,6 +59,8 @@ class DecodedReads:
         self._limiter: trio.CapacityLimiter | None = None
         self._views: weakref.WeakValueDictionary[int, DecodedRefSet] = weakref.WeakValueDictionary()
         self._serials = itertools.count()
+        #: The last chunk decoded without room in the budget, held outside it.
+        self._oversized: DecodedPart | None = None
         self._chunks: weakref.WeakValueDictionary[ChunkKey, DecodedPart] = (
             weakref.WeakValueDictionary()
         )
@@ -126,7 +130,9 @@ class DecodedReads:
         if held:
             self.blocks.memory.hold(part, 0.0)
         else:
-            del self._chunks[key]
+            # Kept until the next chunk that does not fit: its reader reads it in
+            # pieces (one READ per 128 KiB to 1 MiB), and each would decode it again.
+            self._oversized = part
         self._counters["decoded_chunks"] += 1
         self._counters["decoded_bytes"] += len(data)
         return part

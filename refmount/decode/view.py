@@ -143,11 +143,11 @@ class DecodedRefSet(RefSet):
             return array.rewritten() if isinstance(array, Array) else text
         try:
             document = json.loads(text)
-        except (ValueError, UnicodeDecodeError):
-            return text  # not JSON: as it is (readers fail on it either way)
-        if name == ".zmetadata" and isinstance(document, dict):
-            document = self._consolidated(path, document)
-        return dump_json(repair_document(document, key))
+            if name == ".zmetadata" and isinstance(document, dict):
+                document = self._consolidated(path, document)
+            return dump_json(repair_document(document, key))
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return text  # not JSON, or nested too deep: as it is (readers fail on it)
 
     def _consolidated(self, path: str, document: dict) -> dict:
         """``.zmetadata`` with its ``.zarray`` entries rewritten, left-out arrays gone."""

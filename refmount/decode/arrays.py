@@ -112,7 +112,7 @@ def _rewrite(meta: dict[str, Any], dtype: np.dtype) -> bytes:
         order="C",
         compressor=None,
         filters=None,
-        fill_value=repair_fill_value(meta.get("fill_value"), dtype),
+        fill_value=repair_fill_value(meta.get("fill_value")),
     )
     return dump_json(repair_document(meta, ".zarray"))
 

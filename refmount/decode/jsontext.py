@@ -28,8 +28,6 @@ import logging
 import math
 from typing import Any
 
-import numpy as np
-
 log = logging.getLogger(__name__)
 
 _SPELLING = {math.inf: "Infinity", -math.inf: "-Infinity"}
@@ -43,7 +41,7 @@ def _finite_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def repair_fill_value(value: Any, dtype: np.dtype) -> Any:
+def repair_fill_value(value: Any) -> Any:
     """A ``fill_value`` as the Zarr v2 spec writes it."""
     if isinstance(value, float) and not math.isfinite(value):
         return non_finite_text(value)

@@ -1,4 +1,5 @@
-"""Readers benchmark: GDAL and xarray through refmount against their own reference readers.
+"""Readers benchmark: GDAL, netCDF-C and xarray through refmount (raw and ``--decode``)
+against their own reference readers.
 
     .venv/bin/python bench/readers.py [--delay 0.010] [--size 2400] [--work DIR]
 
@@ -6,25 +7,38 @@ One run, over nginx on 127.0.0.1 with ``--delay`` seconds before every answer (a
 store's time to first byte; ``tests/support/nginx.py``):
 
 * writes a netCDF4 file with one zlib-compressed float32 variable ``field`` (``--size``
-  squared, 200 x 200 chunks, no shuffle: GDAL's Zarr driver up to 3.10 refuses shuffle),
-  serves it, and references it with kerchunk as JSON and as Parquet;
-* reads the whole of ``field`` twice in one fresh child process per row: cold (nothing
-  cached anywhere: a fresh mount, a fresh process) and warm (the same again in that
-  process, on the same mount);
+  squared, 200 x 200 chunks, no shuffle, so that GDAL before 3.11 reads the raw view
+  too), serves it, and references it with kerchunk as JSON and as Parquet;
+* reads the whole of ``field`` twice per row: cold (nothing cached anywhere: a fresh
+  mount, a fresh process) and warm.  Python readers (rasterio's GDAL, xarray) read it
+  again in the same process and are timed in that process (imports excluded);
+  command-line readers (``ncdump``, Debian's ``gdal_translate``) run twice, as processes,
+  timed from start to exit, on the same mount;
 * rows:
 
-  ==================================  ===============================================
-  GDAL, refmount (JSON / Parquet)     rasterio's GDAL opening ``ZARR:"MNT":/field``
-  GDAL, /vsikerchunk (JSON / Parquet) GDAL's own reference reader (GDAL >= 3.11;
-                                      otherwise the row says why it did not run)
-  xarray, refmount (JSON / Parquet)   ``xarray.open_zarr(MNT)["field"].values``
-  xarray, fsspec reference:// (JSON)  ``xarray.open_zarr("reference://", storage_
-                                      options={"fo": REFS})["field"].values``
-  ==================================  ===============================================
+  ==========================================  ===========================================
+  GDAL 3.12 (rasterio wheel), refmount        ``rasterio.open('ZARR:"MNT":/field')``,
+  (JSON, Parquet; JSON ``--decode``)          raw view and decoded view
+  GDAL 3.12, /vsikerchunk (JSON / Parquet)    GDAL's own reference reader (GDAL >= 3.11;
+                                              otherwise the row says why it did not run)
+  GDAL 3.6 (Debian), refmount (JSON, raw      ``gdal_translate -of ENVI ZARR:"MNT":/field``
+  and ``--decode``)
+  ncdump (Debian netCDF-C), refmount (JSON,   ``ncdump -p 9 -v field 'file://MNT#mode=zarr,
+  raw and ``--decode``)                       file'`` (the raw view's values are wrong:
+                                              netCDF-C ignores the zlib codec)
+  xarray, refmount (JSON / Parquet; JSON      ``xarray.open_zarr(MNT)["field"].values``
+  ``--decode``)
+  xarray, fsspec reference:// (JSON)          ``xarray.open_zarr("reference://", storage_
+                                              options={"fo": REFS})["field"].values``,
+                                              in-process
+  ==========================================  ===========================================
 
-Every value read is checked against the netCDF library's reading of the file. refmount
-runs from this checkout's interpreter (``python -m refmount REFS MNT -f`` in a
-subprocess), is stopped by its process id and unmounted in ``finally``.
+Every value read is checked against the netCDF library's reading of the file (a row
+whose values differ says ``WRONG VALUES``).  For every refmount row the daemon's CPU
+time (user + system, ``/proc/PID/stat``) is taken after the cold read and after the warm
+one, and given per GB of ``field`` read (its decoded size).  refmount runs from this
+checkout's interpreter (``python -m refmount REFS MNT -f`` in a subprocess), is stopped
+by its process id and unmounted in ``finally``.
 """
 
 from __future__ import annotations
@@ -34,12 +48,11 @@ import hashlib
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -52,22 +65,28 @@ import rasterio
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.support.mounting import Mounted  # noqa: E402
 from tests.support.nginx import NginxServer  # noqa: E402
 
 CHUNK = 200
 MOUNT_TIMEOUT = 60.0
 CHILD_TIMEOUT = 600.0
 
-#: Child programs: argv[1] is the dataset to open; each prints the two timings and a digest.
+#: Child programs: argv[1] is the dataset to open.  Each reads it, prints "cold" and waits
+#: for a line on stdin (the parent samples the daemon's CPU time meanwhile), reads it
+#: again, and prints the two timings and a digest.
 GDAL_CHILD = r"""
 import hashlib, json, sys, time
 import rasterio
 times = []
-for _ in range(2):
+for attempt in range(2):
     start = time.perf_counter()
     with rasterio.open(sys.argv[1]) as ds:
         values = ds.read(1)
     times.append(time.perf_counter() - start)
+    if attempt == 0:
+        print("cold", flush=True)
+        sys.stdin.readline()
 print(json.dumps({"times": times, "sha256": hashlib.sha256(values.tobytes()).hexdigest()}))
 """
 
@@ -78,11 +97,14 @@ import zarr, xarray.backends.zarr  # imported before the clock starts, as the GD
 warnings.simplefilter("ignore")
 target, options = sys.argv[1], json.loads(sys.argv[2])
 times = []
-for _ in range(2):
+for attempt in range(2):
     start = time.perf_counter()
     with xr.open_zarr(target, consolidated=False, zarr_format=2, **options) as ds:
         values = ds["field"].values
     times.append(time.perf_counter() - start)
+    if attempt == 0:
+        print("cold", flush=True)
+        sys.stdin.readline()
 print(json.dumps({"times": times, "sha256": hashlib.sha256(values.tobytes()).hexdigest()}))
 """
 
@@ -117,52 +139,88 @@ def write_refs(nc_path: Path, url: str, work: Path) -> tuple[Path, Path]:
     return json_path, parquet_path
 
 
-def is_mounted(path: Path) -> bool:
-    target = os.path.realpath(path)
-    with open("/proc/mounts") as mounts:
-        return any(line.split()[1] == target for line in mounts)
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager
-def refmount(refs: Path, mountpoint: Path) -> Iterator[Path]:
+def refmount(refs: Path, mountpoint: Path, *args: str) -> Iterator[Mounted]:
     """refmount in the foreground as our child; stopped by pid and unmounted after."""
     mountpoint.mkdir(parents=True, exist_ok=True)
-    log = (mountpoint.parent / f"{mountpoint.name}.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "refmount", str(refs), str(mountpoint), "-f"],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+    log = mountpoint.parent / f"{mountpoint.name}.log"
+    mounted = Mounted(refs, mountpoint, list(args), log, timeout=MOUNT_TIMEOUT)
+    try:
+        yield mounted
+    finally:
+        mounted.stop()
+
+
+def last_line(text: str) -> str:
+    return (text.strip().splitlines() or ["exit status"])[-1]
+
+
+def run_child(program: str, *args: str, daemon: int | None = None) -> dict:
+    """A Python child (cold read, "cold", a line from us, warm read, the result); with
+    ``daemon``, that process's CPU seconds during the cold and the warm read."""
+    base = cpu_seconds(daemon) if daemon else 0.0
+    child = subprocess.Popen(
+        [sys.executable, "-c", program, *args],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + MOUNT_TIMEOUT
-        while not is_mounted(mountpoint):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"refmount did not mount {refs} (see {log.name})")
-            time.sleep(0.05)
-        os.stat(mountpoint)
-        yield mountpoint
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        if is_mounted(mountpoint):
-            subprocess.run(["fusermount3", "-u", str(mountpoint)], capture_output=True)
-        if is_mounted(mountpoint):
-            subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
-        log.close()
+        assert child.stdin is not None and child.stdout is not None
+        cold = child.stdout.readline().strip() == "cold"
+        after_cold = cpu_seconds(daemon) if daemon else 0.0
+        if cold:
+            child.stdin.write("\n")
+            child.stdin.flush()
+        out, err = child.communicate(timeout=CHILD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        return {"error": f"no answer within {CHILD_TIMEOUT:g} s"}
+    if child.returncode != 0 or not cold:
+        return {"error": last_line(err)}
+    result = json.loads(out)
+    if daemon:
+        result["cpu"] = [after_cold - base, cpu_seconds(daemon) - after_cold]
+    return result
 
 
-def run_child(program: str, *args: str) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", program, *args],
-        capture_output=True, text=True, timeout=CHILD_TIMEOUT,
-    )  # fmt: skip
-    if done.returncode != 0:
-        return {"error": (done.stderr.strip().splitlines() or ["exit status"])[-1]}
-    return json.loads(done.stdout)
+def run_command(
+    argv: list[str], out: Path, values: Callable[[Path], np.ndarray], daemon: int
+) -> dict:
+    """A command-line reader, twice (cold, warm), its standard output into ``out``;
+    ``values`` reads what it produced."""
+    times, cpu = [], []
+    base = cpu_seconds(daemon)
+    for _ in range(2):
+        start = time.perf_counter()
+        with out.open("wb") as stdout:
+            done = subprocess.run(
+                argv, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=CHILD_TIMEOUT
+            )
+        times.append(time.perf_counter() - start)
+        if done.returncode != 0:
+            return {"error": last_line(done.stderr)}
+        now = cpu_seconds(daemon)
+        cpu.append(now - base)
+        base = now
+    try:
+        digest = hashlib.sha256(values(out).astype("<f4").tobytes()).hexdigest()
+    except ValueError as e:  # output that is not numbers at all
+        return {"error": f"unreadable output: {e}"}
+    return {"times": times, "cpu": cpu, "sha256": digest}
+
+
+def ncdump_values(out: Path) -> np.ndarray:
+    """``field``'s values in an ``ncdump -p 9 -v field`` listing (9 digits: exact)."""
+    text = out.read_text()
+    body = text[text.index(" field =", text.index("\ndata:")) + len(" field =") :]
+    body = body[: body.index(";")].replace("NaNf", "NaN").replace("Infinityf", "Infinity")
+    return np.array(body.split(","), dtype=np.float32)
 
 
 def gdal_version() -> tuple[int, int]:
@@ -170,9 +228,23 @@ def gdal_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def has_parquet_driver() -> bool:
+    """Whether rasterio's GDAL reads Parquet (/vsikerchunk_parquet_ref/ needs it; the
+    rasterio 1.5 wheels are built without it)."""
+    with rasterio.Env() as env:
+        return "Parquet" in env.drivers()
+
+
+def debian_gdal_version() -> str:
+    done = subprocess.run(["gdalinfo", "--version"], capture_output=True, text=True)
+    return done.stdout.split()[1].rstrip(",")
+
+
 def measure(work: Path, size: int, delay: float) -> list[tuple[str, dict]]:
     nc_path, digest = write_data(work, size)
     rows: list[tuple[str, dict]] = []
+    gdal = f"GDAL {rasterio.__gdal_version__} (rasterio)"
+    debian = f"GDAL {debian_gdal_version()} (Debian gdal_translate)"
     with tempfile.TemporaryDirectory(prefix="refmount-bench-readers-") as tmp_name:
         tmp = Path(tmp_name)
         root = tmp / "www"
@@ -180,22 +252,48 @@ def measure(work: Path, size: int, delay: float) -> list[tuple[str, dict]]:
         os.link(nc_path, root / "field.nc")
         with NginxServer(root, delay=delay) as nginx:
             json_refs, parquet_refs = write_refs(nc_path, f"{nginx.url}/field.nc", tmp)
-            for kind, refs in (("JSON", json_refs), ("Parquet", parquet_refs)):
-                with refmount(refs, tmp / f"mnt-gdal-{kind}") as mnt:
-                    result = run_child(GDAL_CHILD, f'ZARR:"{mnt}":/field')
-                rows.append((f"GDAL {rasterio.__gdal_version__}, refmount ({kind})", result))
+            views = (
+                ("JSON", json_refs, ()),
+                ("Parquet", parquet_refs, ()),
+                ("JSON, --decode", json_refs, ("--decode",)),
+            )
+            for kind, refs, args in views:
+                with refmount(refs, tmp / f"mnt-gdal-{len(rows)}", *args) as m:
+                    source = f'ZARR:"{m.mountpoint}":/field'
+                    result = run_child(GDAL_CHILD, source, daemon=m.pid)
+                rows.append((f"{gdal}, refmount ({kind})", result))
             for kind, refs, prefix in (
                 ("JSON", json_refs, "/vsikerchunk_json_ref/"),
                 ("Parquet", parquet_refs, "/vsikerchunk_parquet_ref/"),
             ):
-                name = f"GDAL {rasterio.__gdal_version__}, {prefix} ({kind})"
+                name = f"{gdal}, {prefix} ({kind})"
                 if gdal_version() < (3, 11):
                     rows.append((name, {"error": "not run: /vsikerchunk needs GDAL >= 3.11"}))
                     continue
-                rows.append((name, run_child(GDAL_CHILD, f'ZARR:"{prefix}{{{refs}}}":/field')))
-            for kind, refs in (("JSON", json_refs), ("Parquet", parquet_refs)):
-                with refmount(refs, tmp / f"mnt-xarray-{kind}") as mnt:
-                    result = run_child(XARRAY_CHILD, str(mnt), "{}")
+                result = run_child(GDAL_CHILD, f'ZARR:"{prefix}{{{refs}}}":/field')
+                if "error" in result and kind == "Parquet" and not has_parquet_driver():
+                    result["error"] += (
+                        f" (GDAL {rasterio.__gdal_version__} without its Parquet driver)"
+                    )
+                rows.append((name, result))
+            envi = tmp / "field.envi"
+            for kind, args in (("JSON", ()), ("JSON, --decode", ("--decode",))):
+                with refmount(json_refs, tmp / f"mnt-debian-{len(rows)}", *args) as m:
+                    argv = ["gdal_translate", "-q", "-of", "ENVI"]
+                    argv += [f'ZARR:"{m.mountpoint}":/field', str(envi)]
+                    result = run_command(
+                        argv, tmp / "gdal.log", lambda _: np.fromfile(envi, "<f4"), m.pid
+                    )
+                rows.append((f"{debian}, refmount ({kind})", result))
+            for kind, args in (("JSON", ()), ("JSON, --decode", ("--decode",))):
+                with refmount(json_refs, tmp / f"mnt-ncdump-{len(rows)}", *args) as m:
+                    argv = ["ncdump", "-p", "9", "-v", "field"]
+                    argv += [f"file://{m.mountpoint}#mode=zarr,file"]
+                    result = run_command(argv, tmp / "field.cdl", ncdump_values, m.pid)
+                rows.append((f"ncdump (netCDF-C 4.9, Debian), refmount ({kind})", result))
+            for kind, refs, args in views:
+                with refmount(refs, tmp / f"mnt-xarray-{len(rows)}", *args) as m:
+                    result = run_child(XARRAY_CHILD, str(m.mountpoint), "{}", daemon=m.pid)
                 rows.append((f"xarray, refmount ({kind})", result))
             # zarr 3 reads through fsspec asynchronously: the reference filesystem and its
             # target filesystem must both be asynchronous.
@@ -207,7 +305,7 @@ def measure(work: Path, size: int, delay: float) -> list[tuple[str, dict]]:
             }
             options = {"storage_options": storage}
             result = run_child(XARRAY_CHILD, "reference://", json.dumps(options))
-            rows.append(("xarray, fsspec reference:// (JSON)", result))
+            rows.append(("xarray, fsspec reference:// (JSON, in-process)", result))
     for _name, result in rows:
         if "sha256" in result and result["sha256"] != digest:
             result["error"] = "WRONG VALUES"
@@ -215,16 +313,21 @@ def measure(work: Path, size: int, delay: float) -> list[tuple[str, dict]]:
 
 
 def table(rows: list[tuple[str, dict]], mib: float) -> str:
+    gb = mib * 2**20 / 1e9
     lines = [
-        "| reader | cold s | warm s | cold MiB/s | warm MiB/s |",
-        "|---|---:|---:|---:|---:|",
+        "| reader | cold s | warm s | cold MiB/s | warm MiB/s | daemon CPU s/GB cold | warm |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, result in rows:
         if "times" not in result or "error" in result:
-            lines.append(f"| {name} | {result.get('error', '?')} | | | |")
+            lines.append(f"| {name} | {result.get('error', '?')} | | | | | |")
             continue
         cold, warm = result["times"]
-        lines.append(f"| {name} | {cold:.2f} | {warm:.2f} | {mib / cold:.1f} | {mib / warm:.1f} |")
+        cpu = [f"{c / gb:.1f}" for c in result["cpu"]] if "cpu" in result else ["", ""]
+        lines.append(
+            f"| {name} | {cold:.2f} | {warm:.2f} | {mib / cold:.1f} | {mib / warm:.1f} "
+            f"| {cpu[0]} | {cpu[1]} |"
+        )
     return "\n".join(lines)
 
 

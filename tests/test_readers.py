@@ -33,6 +33,7 @@ tests/test_readers_gdal.py.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import shutil
 import subprocess
@@ -237,8 +238,12 @@ def kerchunk_nc3(src: Sources, tmp: Path, s3: MotoServer, transport: str, fmt: s
 
 def virtualizarr_nc3(src: Sources, tmp: Path, s3: MotoServer, transport: str, fmt: str) -> RefSet:
     registry = ObjectStoreRegistry({f"s3://{BUCKET}": s3_store(s3)})
-    # Its netCDF3 parser reads through kerchunk and fsspec, not the registry's store.
-    parser = NetCDF3Parser(reader_options={"storage_options": s3.storage_options})
+    # VirtualiZarr >= 2.6 parses the header itself, through the registry's store; 2.5 (the
+    # newest for Python 3.11) read through kerchunk and fsspec, given fsspec's options.
+    if "reader_options" in inspect.signature(NetCDF3Parser).parameters:
+        parser = NetCDF3Parser(reader_options={"storage_options": s3.storage_options})
+    else:
+        parser = NetCDF3Parser()
     vds = open_virtual(f"{src.s3}/data3.nc", registry, parser)
     path, json_path = virtual_refs(vds, tmp, fmt)
     raw = netcdf_arrays(src.nc3)

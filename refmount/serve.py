@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOP_GRACE = 1.0  # seconds requests in flight may finish in after SIGTERM
 READY_DEADLINE = 60.0  # seconds the first stat through the new mount may take
 
@@ -129,10 +130,14 @@ class Daemon:
             else:
                 on_error(scrub(message))
 
+        # A signal between the mount appearing and trio's receiver existing would end the
+        # process by its default action: hold them until ``_on_signals`` takes them.
+        signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
         try:
             log_fuse_features()
             pyfuse3.init(self.operations, mountpoint, mount_options(self.config))
         except RuntimeError as exc:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED_SIGNALS)
             fail(f"refmount: cannot mount {mountpoint}: {exc}")
             return 1
         self._ready = False
@@ -150,6 +155,7 @@ class Daemon:
             return 1
         finally:
             pyfuse3.close(unmount=True)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED_SIGNALS)
             if self.catalog is not None:
                 self.catalog.close()
             else:
@@ -218,7 +224,8 @@ class Daemon:
         """Reload on SIGHUP.  Unmount on SIGINT or SIGTERM: requests in flight get a short
         grace, then are cancelled, so a read waiting on a stalled store does not hold up
         the stop."""
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        with trio.open_signal_receiver(*HANDLED_SIGNALS) as signals:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED_SIGNALS)  # held since the mount
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     log.info("received SIGHUP: reloading")

@@ -402,3 +402,30 @@ def test_an_empty_directory_mounts_as_a_catalog_only_when_asked(
     m.process.send_signal(signal.SIGHUP)
     eventually(lambda: os.listdir(m.mountpoint) == ["first"], "the first set")
     assert cat(m.mountpoint / "first" / "v" / "0") == data_for(1)
+
+
+def test_a_catalog_mounted_with_decode_serves_each_set_decoded(
+    tmp_path: Path, mount: Callable[..., Mounted]
+) -> None:
+    """Every set of a catalog is a decoded view with --decode: Debian's ncdump reads the
+    air example's exact values in each (the raw chunks are shuffle + zlib)."""
+    import netCDF4
+    import numpy as np
+
+    from tests.test_decode_mount import AIR, CHUNK_BYTES, ncdump_values
+
+    refs = json.loads((AIR / "refs.json").read_text())
+    for value in refs["refs"].values():
+        if isinstance(value, list):
+            value[0] = str(AIR / value[0])
+    source = tmp_path / "sets"
+    source.mkdir()
+    for name in ("run01.json", "run02.json"):
+        (source / name).write_text(json.dumps(refs))
+    m = mount(source, "--decode", "--allow-local")
+    with netCDF4.Dataset(AIR / "air.nc") as ds:
+        ds.set_auto_maskandscale(False)
+        expected = ds["air"][:].ravel()
+    for name in ("run01", "run02"):
+        assert (m.mountpoint / name / "air" / "0.0.0").stat().st_size == CHUNK_BYTES
+        assert np.array_equal(ncdump_values(m.mountpoint / name, "air"), expected)

@@ -170,6 +170,8 @@ def test_bad_chunks_and_unknown_codecs_are_eio_and_the_daemon_lives(
 def test_a_rank0_chunk_written_as_name_slash_is_served_as_name_0(
     mount: Callable[..., Mounted], tmp_path: Path
 ) -> None:
+    """And rank-0 arrays are one element along ``_scalar_``, with a ``.zattrs`` made
+    where the set has none: zarr, GDAL and ncdump read them."""
     refs = {
         ".zgroup": '{"zarr_format":2}',
         "crs/.zarray": zarray(shape=[], chunks=[]),
@@ -177,11 +179,28 @@ def test_a_rank0_chunk_written_as_name_slash_is_served_as_name_0(
             {"_ARRAY_DIMENSIONS": [], "grid_mapping_name": "latitude_longitude"}
         ),
         "crs/": inline(zlib.compress(np.array(7, ">i4").tobytes())),
+        # rank 0 without a .zattrs: the decoded view makes one naming "_scalar_"
+        "level/.zarray": zarray(shape=[], chunks=[], dtype="<f8", compressor=None),
+        "level/0": inline(np.array(2.5, "<f8").tobytes()),
     }
     path = tmp_path / "refs.json"
     path.write_text(json.dumps({"version": 1, "refs": refs}))
     decoded = mount(path, "--decode").mountpoint
     assert sorted(os.listdir(decoded / "crs")) == [".zarray", ".zattrs", "0"]
+    assert sorted(os.listdir(decoded / "level")) == [".zarray", ".zattrs", "0"]
+    made = (decoded / "level" / ".zattrs").read_bytes()
+    assert json.loads(made) == {"_ARRAY_DIMENSIONS": ["_scalar_"]}
+    assert os.stat(decoded / "level" / ".zattrs").st_size == len(made)
+    assert json.loads((decoded / "crs" / ".zattrs").read_bytes()) == {
+        "_ARRAY_DIMENSIONS": ["_scalar_"],
+        "grid_mapping_name": "latitude_longitude",
+    }
+    dump = subprocess.run(
+        ["ncdump", f"file://{decoded}#mode=zarr,file"], capture_output=True, text=True, timeout=120
+    )
+    assert dump.returncode == 0, dump.stderr
+    assert "int crs(_scalar_) ;" in dump.stdout and "double level(_scalar_) ;" in dump.stdout
+    assert " crs = 7 ;" in dump.stdout and " level = 2.5 ;" in dump.stdout
     assert (decoded / "crs" / "0").read_bytes() == np.array(7, "<i4").tobytes()
     # presented as one element along _scalar_ (tests/test_decode.py has the rewrite)
     crs = zarr.open_group(decoded, mode="r", zarr_format=2)["crs"]
@@ -192,6 +211,8 @@ def test_a_rank0_chunk_written_as_name_slash_is_served_as_name_0(
     assert json.loads(info.stdout)["arrays"]["crs"]["values"] == [7]
     raw = mount(path).mountpoint  # the raw view is unchanged: the key is skipped there
     assert sorted(os.listdir(raw / "crs")) == [".zarray", ".zattrs"]
+    assert sorted(os.listdir(raw / "level")) == [".zarray", "0"]
+    assert zarr.open_group(raw, mode="r", zarr_format=2)["level"].shape == ()
 
 
 def test_leaving_out_a_string_array_lets_ncdump_read_the_rest(

@@ -14,8 +14,10 @@ A rank-0 array is presented as a one-element array along a dimension ``_scalar_`
 (:mod:`refmount.decode.scalars`): its ``.zarray``, its ``.zattrs`` and their
 ``.zmetadata`` entries say so.  A rank-0 array without a ``.zattrs`` gets one, a file the
 view makes: its file id is taken from the top of the ids a tree gives one set
-(:data:`CREATED_IDS`), which no set's own ids reach (a JSON set's ids are its row
-numbers; the tree's inode numbers bound every set's ids below ``GENERATION_SPAN``).
+(:data:`CREATED_IDS_BASE` up, below ``GENERATION_SPAN``).  A set's own ids are counted
+from 0 (a JSON set's rows; a Parquet set's metadata files, then its chunks), so only a
+set of about 2**40 keys would reach them, and the tree's inode numbers do not hold such
+a set's ids apart from the next generation's either.
 
 An array the view cannot present (variable-length or structured dtype, a ``.zarray``
 that is not Zarr v2 or not held inline, chunk bytes over the bound) is left out whole:

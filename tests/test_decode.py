@@ -10,6 +10,7 @@ from pathlib import Path
 import numcodecs
 import numpy as np
 import pytest
+import trio
 
 from refmount.decode import (
     SCHEME,
@@ -368,3 +369,120 @@ def test_metadata_nested_too_deep_is_refused_or_served_as_it_is(tmp_path: Path) 
     view = DecodedRefSet(raw, 0)
     assert view.ref(view.file_id("v/.zattrs")).data == attrs.encode()
     assert [c.name for c in view.children("v")] == [".zarray", ".zattrs", "0"]
+
+
+# -- rank-0 arrays: one element along _scalar_ ------------------------------------------
+
+
+def test_a_rank0_zarray_is_rewritten_as_one_element_decoding_to_one_value() -> None:
+    array = parse_zarray(
+        zarray(shape=[], chunks=[], dtype=">i4", compressor={"id": "zlib"}, fill_value=-1)
+    )
+    assert array.scalar and array.is_chunk_name("0") and not array.is_chunk_name("0.0")
+    rewritten = json.loads(array.rewritten())
+    assert (rewritten["shape"], rewritten["chunks"]) == ([1], [1])
+    assert (rewritten["dtype"], rewritten["compressor"], rewritten["fill_value"]) == (
+        "<i4",
+        None,
+        -1,
+    )
+    assert array.decoder.size == 4
+    assert array.decoder.decode(zlib.compress(np.array(-123456, ">i4").tobytes())) == (
+        np.array(-123456, "<i4").tobytes()
+    )
+    one = parse_zarray(zarray(shape=[1], chunks=[1]))
+    assert not one.scalar and json.loads(one.rewritten())["shape"] == [1]
+
+
+def scalar_set(tmp_path: Path, **extra: str) -> DecodedRefSet:
+    """A group with a rank-0 ``crs`` (attributes, VirtualiZarr's chunk key ``crs/``), a
+    rank-0 ``bare`` without attributes, and a 1-D ``v``, consolidated or not."""
+    crs = zarray(shape=[], chunks=[], dtype="<i4", fill_value=0).decode()
+    bare = zarray(shape=[], chunks=[], dtype="<f8", fill_value=None).decode()
+    refs = {
+        ".zgroup": '{"zarr_format":2}',
+        "crs/.zarray": crs,
+        "crs/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": [], "grid_mapping_name": "lcc"}),
+        "crs/": "base64:" + __import__("base64").b64encode(np.int32(7).tobytes()).decode(),
+        "bare/.zarray": bare,
+        "bare/0": "base64:" + __import__("base64").b64encode(np.float64(2.5).tobytes()).decode(),
+        "v/.zarray": zarray(shape=[3], chunks=[3]).decode(),
+        "v/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["x"]}),
+        **extra,
+    }
+    path = write_refs(tmp_path / "refs.json", refs)
+    return DecodedRefSet(open_refset(str(path), allow_local=True, rank0_chunk_keys=True), 1)
+
+
+def test_rank0_arrays_are_served_along_scalar_with_attributes_made_where_missing(
+    tmp_path: Path,
+) -> None:
+    view = scalar_set(tmp_path)
+    for name in ("crs", "bare"):
+        meta = json.loads(view.ref(view.file_id(f"{name}/.zarray")).data)
+        assert (meta["shape"], meta["chunks"]) == ([1], [1])
+    crs_attrs = json.loads(view.ref(view.file_id("crs/.zattrs")).data)
+    assert crs_attrs == {"_ARRAY_DIMENSIONS": ["_scalar_"], "grid_mapping_name": "lcc"}
+    assert json.loads(view.ref(view.file_id("v/.zattrs")).data) == {"_ARRAY_DIMENSIONS": ["x"]}
+
+    # bare has no .zattrs in the set: the view makes one, listed once, after its own keys
+    listed = list(view.children("bare"))
+    assert [c.name for c in listed] == [".zarray", "0", ".zattrs"]
+    made = view.file_id("bare/.zattrs")
+    assert made is not None and listed[-1].file_id == made
+    assert made >= view.raw.file_id("v/.zattrs") + 1000
+    assert view.key(made) == "bare/.zattrs"
+    text = view.ref(made).data
+    assert json.loads(text) == {"_ARRAY_DIMENSIONS": ["_scalar_"]}
+    assert view.file_size(made) == len(text)
+    assert [c.name for c in view.children("bare", listed[-2].cursor)] == [".zattrs"]
+    assert list(view.children("bare", listed[-1].cursor)) == []
+    assert [c.name for c in view.children("crs")] == [".zarray", ".zattrs", "0"]
+    assert view.file_id("v/.zattrs") == view.raw.file_id("v/.zattrs")
+    assert view.file_id("nothing/.zattrs") is None and view.file_id("v/nothing") is None
+
+    # the one chunk is key 0 (VirtualiZarr's "crs/" included), one value decoded
+    for name, value in (("crs", np.int32(7)), ("bare", np.float64(2.5))):
+        chunk = view.ref(view.file_id(f"{name}/0"))
+        assert isinstance(chunk, DecodedRef) and chunk.length == value.itemsize
+        assert chunk.decoder.decode(chunk.source.data) == value.tobytes()
+        assert view.file_size(view.file_id(f"{name}/0")) == value.itemsize
+
+
+def test_rank0_arrays_in_zmetadata_name_their_dimension(tmp_path: Path) -> None:
+    consolidated = {
+        "zarr_consolidated_format": 1,
+        "metadata": {
+            ".zgroup": {"zarr_format": 2},
+            "crs/.zarray": json.loads(zarray(shape=[], chunks=[], dtype="<i4")),
+            "crs/.zattrs": {"grid_mapping_name": "lcc"},
+            "bare/.zarray": json.loads(zarray(shape=[], chunks=[])),
+            "v/.zarray": json.loads(zarray(shape=[3], chunks=[3])),
+            "v/.zattrs": {"_ARRAY_DIMENSIONS": ["x"]},
+        },
+    }
+    view = scalar_set(tmp_path, **{".zmetadata": json.dumps(consolidated)})
+    entries = json.loads(view.ref(view.file_id(".zmetadata")).data)["metadata"]
+    assert entries["crs/.zattrs"] == {"grid_mapping_name": "lcc", "_ARRAY_DIMENSIONS": ["_scalar_"]}
+    assert entries["bare/.zattrs"] == {"_ARRAY_DIMENSIONS": ["_scalar_"]}
+    assert entries["v/.zattrs"] == {"_ARRAY_DIMENSIONS": ["x"]}
+    for name in ("crs", "bare"):
+        assert (entries[f"{name}/.zarray"]["shape"], entries[f"{name}/.zarray"]["chunks"]) == (
+            [1],
+            [1],
+        )
+    assert entries["v/.zarray"]["shape"] == [3]
+    assert sorted(entries) == sorted([*consolidated["metadata"], "bare/.zattrs"])
+
+
+def test_a_made_zattrs_is_found_and_read_through_the_async_interface(tmp_path: Path) -> None:
+    view = scalar_set(tmp_path)
+
+    async def main() -> None:
+        made = await view.find_file("bare/.zattrs")
+        assert made is not None and made == view.file_id("bare/.zattrs")
+        made_text = (await view.file_ref(made)).data
+        assert json.loads(made_text) == {"_ARRAY_DIMENSIONS": ["_scalar_"]}
+        assert await view.find_file("v/.zattrs") == view.raw.file_id("v/.zattrs")
+
+    trio.run(main)

@@ -170,6 +170,8 @@ def test_bad_chunks_and_unknown_codecs_are_eio_and_the_daemon_lives(
 def test_a_rank0_chunk_written_as_name_slash_is_served_as_name_0(
     mount: Callable[..., Mounted], tmp_path: Path
 ) -> None:
+    """And rank-0 arrays are one element along ``_scalar_``, with a ``.zattrs`` made
+    where the set has none: zarr, GDAL and ncdump read them."""
     refs = {
         ".zgroup": '{"zarr_format":2}',
         "crs/.zarray": zarray(shape=[], chunks=[]),
@@ -177,19 +179,40 @@ def test_a_rank0_chunk_written_as_name_slash_is_served_as_name_0(
             {"_ARRAY_DIMENSIONS": [], "grid_mapping_name": "latitude_longitude"}
         ),
         "crs/": inline(zlib.compress(np.array(7, ">i4").tobytes())),
+        # rank 0 without a .zattrs: the decoded view makes one naming "_scalar_"
+        "level/.zarray": zarray(shape=[], chunks=[], dtype="<f8", compressor=None),
+        "level/0": inline(np.array(2.5, "<f8").tobytes()),
     }
     path = tmp_path / "refs.json"
     path.write_text(json.dumps({"version": 1, "refs": refs}))
     decoded = mount(path, "--decode").mountpoint
     assert sorted(os.listdir(decoded / "crs")) == [".zarray", ".zattrs", "0"]
+    assert sorted(os.listdir(decoded / "level")) == [".zarray", ".zattrs", "0"]
+    made = (decoded / "level" / ".zattrs").read_bytes()
+    assert json.loads(made) == {"_ARRAY_DIMENSIONS": ["_scalar_"]}
+    assert os.stat(decoded / "level" / ".zattrs").st_size == len(made)
+    assert json.loads((decoded / "crs" / ".zattrs").read_bytes()) == {
+        "_ARRAY_DIMENSIONS": ["_scalar_"],
+        "grid_mapping_name": "latitude_longitude",
+    }
+    dump = subprocess.run(
+        ["ncdump", f"file://{decoded}#mode=zarr,file"], capture_output=True, text=True, timeout=120
+    )
+    assert dump.returncode == 0, dump.stderr
+    assert "int crs(_scalar_) ;" in dump.stdout and "double level(_scalar_) ;" in dump.stdout
+    assert " crs = 7 ;" in dump.stdout and " level = 2.5 ;" in dump.stdout
     assert (decoded / "crs" / "0").read_bytes() == np.array(7, "<i4").tobytes()
-    assert zarr.open_group(decoded, mode="r", zarr_format=2)["crs"][()] == 7
+    # presented as one element along _scalar_ (tests/test_decode.py has the rewrite)
+    crs = zarr.open_group(decoded, mode="r", zarr_format=2)["crs"]
+    assert crs.shape == (1,) and crs[:].tolist() == [7]
     info = subprocess.run(
         ["gdalmdiminfo", "-detailed", str(decoded)], capture_output=True, text=True, check=True
     )
-    assert json.loads(info.stdout)["arrays"]["crs"]["values"] == 7
+    assert json.loads(info.stdout)["arrays"]["crs"]["values"] == [7]
     raw = mount(path).mountpoint  # the raw view is unchanged: the key is skipped there
     assert sorted(os.listdir(raw / "crs")) == [".zarray", ".zattrs"]
+    assert sorted(os.listdir(raw / "level")) == [".zarray", "0"]
+    assert zarr.open_group(raw, mode="r", zarr_format=2)["level"].shape == ()
 
 
 def test_leaving_out_a_string_array_lets_ncdump_read_the_rest(
@@ -348,3 +371,47 @@ def test_ncdump_reads_a_big_endian_netcdf3_set_with_non_ascii_text(
         check=True,
     ).stdout
     assert 'v:long_name = "température" ;' in header
+
+
+def test_ncdump_prints_a_netcdf4_set_with_scalar_variables_whole(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    """netCDF-C 4.9.0 dies reading a rank-0 array's data; the decoded view serves it as one
+    element along ``_scalar_``, so ``ncdump`` of the whole set prints every variable."""
+    from kerchunk.hdf import SingleHdf5ToZarr
+
+    source = tmp_path / "scalars.nc"
+    temp = (np.arange(24, dtype="f4") / 8 + 270).reshape(4, 6)
+    with netCDF4.Dataset(source, "w", format="NETCDF4") as ds:
+        ds.createDimension("y", 4)
+        ds.createDimension("x", 6)
+        crs = ds.createVariable("crs", "i4")
+        crs.grid_mapping_name = "lambert_conformal_conic"
+        crs.assignValue(-424242)
+        level = ds.createVariable("level", "f8")
+        level.assignValue(1013.25)
+        t = ds.createVariable("temp", "f4", ("y", "x"), zlib=True, shuffle=True)
+        t.grid_mapping = "crs"
+        t[:] = temp
+    with open(source, "rb") as f:
+        refs = SingleHdf5ToZarr(f, source.as_uri(), inline_threshold=0).translate()
+    assert json.loads(refs["refs"]["crs/.zarray"])["shape"] == []  # rank 0 in the set
+    (tmp_path / "refs.json").write_text(json.dumps(refs))
+    decoded = mount(tmp_path / "refs.json", "--decode").mountpoint
+
+    done = subprocess.run(
+        ["ncdump", "-p", "9,17", f"file://{decoded}#mode=zarr,file"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "_scalar_ = 1 ;" in out
+    assert "int crs(_scalar_) ;" in out and "double level(_scalar_) ;" in out
+    assert 'crs:grid_mapping_name = "lambert_conformal_conic" ;' in out
+    data = out.split("data:", 1)[1]
+    assert re.search(r"\bcrs = -424242 ;", data), data
+    assert re.search(r"\blevel = 1013.25 ;", data), data
+    assert np.array_equal(ncdump_values(decoded, "temp"), temp.ravel())
+    for name, value in (("crs", np.int32(-424242)), ("level", np.float64(1013.25))):
+        assert (decoded / name / "0").read_bytes() == value.tobytes()
+        assert os.stat(decoded / name / "0").st_size == value.itemsize

@@ -13,8 +13,8 @@ Each variable's outcome is asserted exactly, per reader and view, from the table
 
 * ``--decode``: every variable equal, except the refusals listed (a reader's own clear
   message, or a variable the decoded view leaves out, which ``refmount check --decode``
-  then names).  Never "wrong"; a crash only where the raw view crashes alike (ncdump
-  4.9.0 reading a rank-0 array's data).
+  then names).  Never "wrong", never a crash.  The scalar ``crs`` is served as one element
+  along ``_scalar_``: every reader reads it, ncdump 4.9.0 and GDAL's raster API included.
 * raw view: the limits users meet today (the reason for ``--decode``), where a reader
   reads compressed bytes as numbers ("wrong") or dies.
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import warnings
 from collections.abc import Callable, Iterator
@@ -38,11 +39,13 @@ import netCDF4
 import numpy as np
 import pytest
 import xarray as xr
+import zarr
 from obspec_utils.registry import ObjectStoreRegistry
 from obstore.store import LocalStore
 from virtualizarr import open_virtual_dataset
 from virtualizarr.parsers import HDFParser, NetCDF3Parser
 
+from refmount.decode.scalars import SCALAR_DIMENSION
 from tests.support import reader_runs
 from tests.support.mounting import REFMOUNT, Mounted, child_env
 from tests.support.reader_datasets import Dataset, stored_values, write_datasets
@@ -220,14 +223,12 @@ ABSENT = Outcome("absent")
 #: variable-length string array has no fixed-size decoding.
 DECODE_LEFT_OUT = {"cf": {"station_name"}}
 
-#: --decode: what readers still refuse.  Everything else reads equal.  GDAL's raster API
-#: takes no rank-0 array; netCDF-C 4.9.0 dies reading a rank-0 array's data, decoded or
-#: not, on a plain directory too (``ncdump -h`` and every other variable are fine).
-DECODE_LIMITS: dict[str, dict[str, Outcome]] = {
-    "ncdump": {"crs": CRASH},
-    "gdal_translate": {"crs": RANK0},
-    "rasterio": {"crs": RANK0},
-}
+#: --decode: what readers still refuse.  Everything else reads equal.  Nothing now: a
+#: rank-0 array, which GDAL's raster API refuses and netCDF-C 4.9.0 dies reading the data
+#: of (raw view, or a plain directory copy), is served as one element along ``_scalar_``
+#: (``compare`` reshapes what a reader got to the original's shape ``()``;
+#: ``test_zarr_sees_a_rank0_array_as_one_element_through_decode`` checks the shape).
+DECODE_LIMITS: dict[str, dict[str, Outcome]] = {}
 
 
 def expectations(reader: str, view: str, refset: RefSet) -> dict[str, Outcome]:
@@ -274,6 +275,12 @@ def test_ncdump(refset: RefSet, view: str, mounted: Path) -> None:
         refset, mounted, lambda n, v: reader_runs.ncdump(mounted, n, v, refset.fills.get(n))
     )
     check("ncdump", view, refset, outcomes)
+    if view == "decode":  # and the whole tree at once, every variable's data printed
+        failure, printed = reader_runs.ncdump_whole(mounted)
+        assert failure is None, failure
+        data = printed.split("\ndata:\n", 1)[1]
+        present = {name for name, got in outcomes.items() if got.kind != "absent"}
+        assert {n for n in present if re.search(rf"^ {n} =", data, re.M)} == present
 
 
 def test_gdal_debian_mdim(refset: RefSet, view: str, mounted: Path) -> None:
@@ -345,7 +352,28 @@ def test_xarray_decodes_cf_as_from_the_original(refset: RefSet, view: str, mount
         # The raw view skips VirtualiZarr's chunk key "crs/": its fill value is read, masked.
         assert loaded["crs"].isnull().all()
         loaded, expected = loaded.drop_vars("crs"), expected.drop_vars("crs")
+    if view == "decode":
+        # rank 0 is served as one element along "_scalar_": the value, once squeezed
+        assert loaded["crs"].dims == (SCALAR_DIMENSION,) and loaded.sizes[SCALAR_DIMENSION] == 1
+        assert [name for name, v in loaded.variables.items() if SCALAR_DIMENSION in v.dims] == [
+            "crs"
+        ]
+        loaded = loaded.squeeze(SCALAR_DIMENSION)
     xr.testing.assert_equal(loaded, expected)
     assert loaded["time"].dtype.kind == "M"
     assert loaded["packed"].dtype.kind == "f" and int(loaded["packed"].isnull().sum()) == 3
     assert int(loaded["temp"].isnull().sum()) == 4
+
+
+def test_zarr_sees_a_rank0_array_as_one_element_through_decode(
+    refset: RefSet, view: str, mounted: Path
+) -> None:
+    """zarr 3 reads ``crs`` as shape ``()`` through the raw view and ``(1,)`` through
+    ``--decode``, with the same value (VirtualiZarr's raw ``crs/`` key aside)."""
+    if refset.dataset.name != "cf":
+        pytest.skip("only cf.nc has a rank-0 variable")
+    crs = zarr.open_group(str(mounted), mode="r", zarr_format=2)["crs"]
+    assert crs.shape == ((1,) if view == "decode" else ())
+    assert crs.attrs["_ARRAY_DIMENSIONS"] == ([SCALAR_DIMENSION] if view == "decode" else [])
+    if view == "decode" or refset.name.startswith("kerchunk"):
+        assert crs[...].tolist() == ([0] if view == "decode" else 0)

@@ -5,7 +5,8 @@ What a decoded chunk is: the chunk's values, the ``.zarray``'s ``compressor`` an
 ``filters`` undone in Zarr's order (the compressor, then the filters last to first),
 little-endian, C order, exactly ``prod(chunks) * itemsize`` bytes.  The rewritten
 ``.zarray`` says so: ``compressor`` and ``filters`` null, the dtype's byte order ``<``
-(``|`` for one-byte types), ``order`` C.
+(``|`` for one-byte types), ``order`` C; a rank-0 array's shape and chunks are ``[1]``
+(:mod:`refmount.decode.scalars`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from refmount.decode.codecs import Buffer, CodecError, DecodeError, Stage, build_stage
 from refmount.decode.jsontext import dump_json, repair_document, repair_fill_value
+from refmount.decode.scalars import as_one_element
 
 #: The largest decoded chunk served (bytes): more is refused, not allocated.
 MAX_CHUNK_BYTES = 1 << 30
@@ -92,7 +94,13 @@ class Array:
 
     @property
     def rank(self) -> int:
+        """The rank in the set's ``.zarray`` (the view presents rank 0 as rank 1)."""
         return len(self.decoder.chunks)
+
+    @property
+    def scalar(self) -> bool:
+        """Rank 0 in the set: presented as one element along ``_scalar_``."""
+        return self.rank == 0
 
     def is_chunk_name(self, name: str) -> bool:
         """Whether ``name`` (the part of a key after the array's path) is a chunk key."""
@@ -106,7 +114,7 @@ class Array:
 
 
 def _rewrite(meta: dict[str, Any], dtype: np.dtype) -> bytes:
-    meta = dict(meta)
+    meta = as_one_element(meta) if meta["shape"] == [] else dict(meta)
     meta.update(
         dtype=_little(dtype),
         order="C",

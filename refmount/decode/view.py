@@ -10,6 +10,15 @@ listings, lookups and sizes go through it.  Per key:
   :class:`refmount.decode.reads.DecodedReads`;
 - every other key is served as it is.
 
+A rank-0 array is presented as a one-element array along a dimension ``_scalar_``
+(:mod:`refmount.decode.scalars`): its ``.zarray``, its ``.zattrs`` and their
+``.zmetadata`` entries say so.  A rank-0 array without a ``.zattrs`` gets one, a file the
+view makes: its file id is taken from the top of the ids a tree gives one set
+(:data:`CREATED_IDS_BASE` up, below ``GENERATION_SPAN``).  A set's own ids are counted
+from 0 (a JSON set's rows; a Parquet set's metadata files, then its chunks), so only a
+set of about 2**40 keys would reach them, and the tree's inode numbers do not hold such
+a set's ids apart from the next generation's either.
+
 An array the view cannot present (variable-length or structured dtype, a ``.zarray``
 that is not Zarr v2 or not held inline, chunk bytes over the bound) is left out whole:
 its directory, metadata and chunks are not in the view, and ``.zmetadata`` does not
@@ -26,13 +35,22 @@ from dataclasses import dataclass
 
 from refmount.decode.arrays import Array, ArrayRefused, ChunkDecoder, parse_zarray
 from refmount.decode.jsontext import dump_json, repair_document
+from refmount.decode.scalars import created_attributes, scalar_attributes
 from refmount.refs.model import Child, Ref, RefSet
+from refmount.tree import GENERATION_SPAN
 
 log = logging.getLogger(__name__)
 
 METADATA_NAMES = frozenset((".zarray", ".zattrs", ".zgroup", ".zmetadata"))
 #: The scheme of a decoded chunk's URL: ``refmount-decoded:<view serial>/<file id>``.
 SCHEME = "refmount-decoded:"
+#: How many ``.zattrs`` files of rank-0 arrays the view may make, and where their file
+#: ids start: the top of a tree's file ids.
+CREATED_IDS = 1 << 20
+CREATED_IDS_BASE = GENERATION_SPAN - CREATED_IDS
+#: The listing cursor of a made ``.zattrs``: after every entry of the set's own.
+CREATED_CURSOR = 1 << 62
+ATTRIBUTES = ".zattrs"
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -69,6 +87,8 @@ class DecodedRefSet(RefSet):
         self.mtime = raw.mtime
         self._arrays: dict[str, Array | ArrayRefused | None] = {}  # directory -> its array
         self._rewritten: dict[int, bytes] = {}  # file id of inline metadata -> its text
+        self._created_ids: dict[str, int] = {}  # rank-0 array path -> its made .zattrs
+        self._created_paths: dict[int, str] = {}  # and back
 
     # -- arrays ---------------------------------------------------------------------------
 
@@ -123,6 +143,30 @@ class DecodedRefSet(RefSet):
         found = self.chunk_array(self.raw.key(file_id))
         return (found[0] if found else "?", ref.source, ref.decoder)
 
+    def _scalar(self, path: str) -> bool:
+        array = self.array_at(path)
+        return isinstance(array, Array) and array.scalar
+
+    def _created_id(self, path: str) -> int | None:
+        """The file id of the ``.zattrs`` the view makes for the array at ``path``: a
+        rank-0 array whose set has no ``.zattrs`` for it."""
+        found = self._created_ids.get(path)
+        if found is not None:
+            return found
+        if not self._scalar(path) or self.raw.file_id(_join(path, ATTRIBUTES)) is not None:
+            return None
+        if len(self._created_ids) >= CREATED_IDS:
+            log.warning(
+                "rank-0 array %r gets no _ARRAY_DIMENSIONS: over %d made .zattrs files",
+                path or "/",
+                CREATED_IDS,
+            )
+            return None
+        file_id = CREATED_IDS_BASE + len(self._created_ids)
+        self._created_ids[path] = file_id
+        self._created_paths[file_id] = path
+        return file_id
+
     def arrays(self) -> dict[str, Array | ArrayRefused]:
         """Every array analysed so far (all, after a full walk), by path."""
         return {path: a for path, a in self._arrays.items() if a is not None}
@@ -145,47 +189,70 @@ class DecodedRefSet(RefSet):
             document = json.loads(text)
             if name == ".zmetadata" and isinstance(document, dict):
                 document = self._consolidated(path, document)
+            elif name == ATTRIBUTES and self._scalar(path):
+                document = scalar_attributes(document)
             return dump_json(repair_document(document, key))
         except (ValueError, UnicodeDecodeError, RecursionError):
             return text  # not JSON, or nested too deep: as it is (readers fail on it)
 
     def _consolidated(self, path: str, document: dict) -> dict:
-        """``.zmetadata`` with its ``.zarray`` entries rewritten, left-out arrays gone."""
+        """``.zmetadata`` with its ``.zarray`` entries rewritten, rank-0 arrays' attributes
+        naming their dimension (made where missing), left-out arrays gone."""
         entries = document.get("metadata")
         if not isinstance(entries, dict):
             return document
         kept = {}
         for entry_key, value in entries.items():
-            entry_path = _join(path, entry_key)
-            if self.left_out(entry_path.rpartition("/")[0]):
+            entry_dir, _, entry_name = _join(path, entry_key).rpartition("/")
+            if self.left_out(entry_dir):
                 continue
-            if entry_key.rpartition("/")[2] == ".zarray":
-                array = self.array_at(entry_path.rpartition("/")[0])
+            if entry_name == ".zarray":
+                array = self.array_at(entry_dir)
                 if isinstance(array, Array):
                     value = json.loads(array.rewritten())
+            elif entry_name == ATTRIBUTES and self._scalar(entry_dir):
+                value = scalar_attributes(value)
             kept[entry_key] = value
+        for entry_key in list(kept):
+            array_key, _, entry_name = entry_key.rpartition("/")
+            attributes_key = _join(array_key, ATTRIBUTES)
+            if (
+                entry_name == ".zarray"
+                and attributes_key not in kept
+                and self._scalar(_join(path, array_key))
+            ):
+                kept[attributes_key] = created_attributes()
         return {**document, "metadata": kept}
 
     # -- the RefSet interface -------------------------------------------------------------
 
     def file_id(self, key: str) -> int | None:
-        if self.left_out(key.rpartition("/")[0]):
+        path, _, name = key.rpartition("/")
+        if self.left_out(path):
             return None
-        return self.raw.file_id(key)
+        found = self.raw.file_id(key)
+        return self._created_id(path) if found is None and name == ATTRIBUTES else found
 
     def key(self, file_id: int) -> str:
-        return self.raw.key(file_id)
+        created = self._created_paths.get(file_id)
+        return self.raw.key(file_id) if created is None else _join(created, ATTRIBUTES)
 
     def ref(self, file_id: int) -> Ref:
+        if file_id in self._created_paths:
+            return Ref(data=dump_json(created_attributes()))
         return self._presented(file_id, self.raw.ref(file_id))
 
     async def file_ref(self, file_id: int) -> Ref:
+        if file_id in self._created_paths:
+            return self.ref(file_id)
         return self._presented(file_id, await self.raw.file_ref(file_id))
 
     async def find_file(self, key: str) -> int | None:
-        if self.left_out(key.rpartition("/")[0]):
+        path, _, name = key.rpartition("/")
+        if self.left_out(path):
             return None
-        return await self.raw.find_file(key)
+        found = await self.raw.find_file(key)
+        return self._created_id(path) if found is None and name == ATTRIBUTES else found
 
     def _presented(self, file_id: int, ref: Ref) -> Ref:
         """What the view serves for a key whose raw reference is ``ref``."""
@@ -202,7 +269,7 @@ class DecodedRefSet(RefSet):
         )
 
     def file_size(self, file_id: int) -> int | None:
-        key = self.raw.key(file_id)
+        key = self.key(file_id)
         if key.rpartition("/")[2] not in METADATA_NAMES:
             found = self.chunk_array(key)
             if found is not None:
@@ -223,6 +290,10 @@ class DecodedRefSet(RefSet):
             ):
                 continue
             yield child
+        if after < CREATED_CURSOR:
+            created = self._created_id(path)
+            if created is not None:
+                yield Child(ATTRIBUTES, created, CREATED_CURSOR)
 
     def subdirectory_count(self, path: str) -> int:
         left_out = sum(

@@ -41,7 +41,10 @@ EQUAL = Outcome("equal")
 
 
 def compare(got: np.ndarray, expected: np.ndarray) -> Outcome:
-    """Equal values (NaN equal to NaN, strings as text), shape included."""
+    """Equal values (NaN equal to NaN, strings as text), in the original's shape: what a
+    reader got is reshaped to it (so the decoded view's one-element ``_scalar_`` arrays
+    compare with rank-0 originals; tests/test_decode_readers.py checks that shape), and a
+    different number of values is wrong."""
     if expected.dtype == object or expected.dtype.kind in "SU":
         texts = [
             v.decode("utf-8").rstrip("\0") if isinstance(v, bytes) else str(v).rstrip("\0")
@@ -79,6 +82,13 @@ def failed(done: subprocess.CompletedProcess[str]) -> Outcome | None:
 # -- netCDF-C ---------------------------------------------------------------------------------
 
 NCDUMP_ITEM = re.compile(r'"(?:[^"\\]|\\.)*"|[^,\s;]+')
+
+
+def ncdump_whole(mnt: Path) -> tuple[Outcome | None, str]:
+    """``ncdump`` of the whole tree, every variable's data: its failure (``None`` when
+    it read everything) and what it printed."""
+    done = run(["ncdump", "-p", "9,17", f"file://{mnt}#mode=zarr,file"])
+    return failed(done), done.stdout
 
 
 def ncdump(mnt: Path, name: str, expected: np.ndarray, fill: object) -> Outcome:

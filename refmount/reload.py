@@ -86,9 +86,11 @@ class Reloader:
                 if old is not None:
                     retiring.start_soon(self._retire, old)
 
-    async def poll(self, interval: float) -> None:
-        """Ask the store about REFS every ``interval`` seconds; reload when it changed."""
-        last = None
+    async def poll(self, interval: float, loaded: tuple[str, ...] | None = None) -> None:
+        """Ask the store about REFS every ``interval`` seconds; reload when it changed.
+        ``loaded`` is what the store said just before the set being served was read: a
+        change made before the first look is a change too."""
+        last = loaded
         while True:
             try:
                 with trio.fail_after(self.config.timeout):
@@ -124,6 +126,9 @@ class Reloader:
         # From here to the swap nothing awaits: no request sees a half-made tree.
         new, changes = old.successor(refset, list(operations.known))
         operations.tree = new
+        # Readable at once by reads of files opened before (no OPEN with the patched
+        # pyfuse3): a READ arriving while the kernel is told would otherwise be ESTALE.
+        operations.retired.append(old)
         self.cache.extent = refset.url_extent
         negatives, operations.negatives = operations.negatives, set()
         entries = [*changes.entries, *negatives]
@@ -138,10 +143,9 @@ class Reloader:
         return old
 
     async def _retire(self, tree: Tree) -> None:
-        """Keep a replaced tree readable for a while (reads of files opened before the
-        reload, when pyfuse3 sends no OPEN), then let go of it."""
+        """Keep a replaced tree (retired at the swap) readable for a while (reads of
+        files opened before the reload, when pyfuse3 sends no OPEN), then let go of it."""
         retired = self.operations.retired
-        retired.append(tree)
         try:
             await trio.sleep(RETIRE_SECONDS)
         finally:

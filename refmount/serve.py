@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ from refmount.options import Config
 from refmount.progress import LoadProgress
 from refmount.redaction import Scrubber, shown
 from refmount.refs import RefSet, open_refset
-from refmount.reload import Reloader
+from refmount.reload import Reloader, refs_signature
 from refmount.request_timing import RequestTimer
 from refmount.tree import Owner, Tree
 from refmount.tuning import log_fuse_features, tune_kernel
@@ -80,12 +81,15 @@ class Daemon:
     load_set: Callable[[Config], RefSet] = lambda config: load_refset(config)
     catalog: Catalog | None = None
     disk: DiskCache | None = None
+    #: What the store said of REFS before it was loaded (``--reload-interval`` only).
+    signature: tuple[str, ...] | None = None
 
     @classmethod
     def load(cls, config: Config) -> Daemon:
         if config.catalog or is_catalog(config.refs, config.refs_options, config.timeout):
             return cls.load_catalog(config)
         notify("STATUS=loading the reference set")
+        signature = _signature_before_load(config)
         with LoadProgress.for_command(config.refs) as progress:
             refset = load_refset(config, progress)
         fetcher = _fetcher(config)
@@ -98,7 +102,7 @@ class Daemon:
         state = _mount_state(config, fetcher, reads, lambda: _key_count(operations.tree.refset))
         control = _serve_state(operations, state, config)
         load = lambda config: view(load_refset(config))  # noqa: E731
-        return cls(config, operations, cache, control, load, disk=disk)
+        return cls(config, operations, cache, control, load, disk=disk, signature=signature)
 
     @classmethod
     def load_catalog(cls, config: Config) -> Daemon:
@@ -187,7 +191,8 @@ class Daemon:
             else:
                 nursery.start_soon(reloader.run)
                 if self.config.reload_interval is not None:
-                    nursery.start_soon(reloader.poll, self.config.reload_interval)
+                    interval = self.config.reload_interval
+                    nursery.start_soon(reloader.poll, interval, self.signature)
             # Requests in flight may exceed the kernel's background limit (reads) plus
             # foreground ones (lookups): leave room for both.
             await pyfuse3.main(max_tasks=self.config.max_background * 2 + 16)
@@ -320,6 +325,27 @@ def _serve_state(operations: Operations, state: MountState, config: Config) -> C
         timer.install(operations)
     operations.read = state.reads.counting(operations.read)  # type: ignore[method-assign]
     return ControlServer(socket_path(state.mountpoint, os.geteuid()), state)
+
+
+def _signature_before_load(config: Config) -> tuple[str, ...] | None:
+    """With ``--reload-interval``, what the store says of REFS before it is read, so that
+    a change made while the daemon starts is seen by the first poll."""
+    if config.reload_interval is None:
+        return None
+    found: list[tuple[str, ...]] = []
+
+    def look() -> None:
+        try:
+            found.append(refs_signature(config))
+        except Exception as exc:  # the poll asks again; the load reports what is wrong
+            log.warning("cannot look at %s for changes: %s", shown(config.refs), exc)
+
+    # A store that does not answer is left to the load's own deadline: the look is
+    # abandoned after ``--timeout`` (its thread ends with its request).
+    looking = threading.Thread(target=look, name="refs-signature", daemon=True)
+    looking.start()
+    looking.join(config.timeout)
+    return found[0] if found else None
 
 
 def _fetcher(config: Config) -> Fetcher:

@@ -23,13 +23,12 @@ from refmount.catalog import is_catalog
 from refmount.catalog.catalog import Catalog
 from refmount.catalog.serving import open_catalog
 from refmount.control import ControlServer, MountState, socket_path
-from refmount.display import display_url
 from refmount.fetch import Fetcher, FetchPolicy
 from refmount.fuse_ops import Operations
 from refmount.notify import notify
 from refmount.options import Config
 from refmount.progress import LoadProgress
-from refmount.redaction import Scrubber, shown
+from refmount.redaction import Scrubber, display_url, shown
 from refmount.refs import RefSet, open_refset
 from refmount.reload import Reloader
 from refmount.request_timing import RequestTimer

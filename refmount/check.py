@@ -23,9 +23,10 @@ from urllib.parse import urlsplit
 import trio
 from fsspec.core import split_protocol
 
-from refmount.display import display_url
 from refmount.errors import FetchError, RefsError
-from refmount.fetch import LOCAL_PROTOCOLS, Fetcher, FetchPolicy, redact
+from refmount.fetch import Fetcher, FetchPolicy
+from refmount.protocols import LOCAL_PROTOCOLS
+from refmount.redaction import display_url, redact
 from refmount.refs import Ref, RefSet, open_refset
 
 if TYPE_CHECKING:

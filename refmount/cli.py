@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_mount(argv: list[str]) -> int:
-    from refmount.daemon import MountError, run
+    from refmount.service.daemon import MountError, run
 
     config = parse_args(argv)
     try:
@@ -142,7 +142,7 @@ def check_parser() -> argparse.ArgumentParser:
 def run_check(argv: list[str]) -> int:
     from refmount.catalog import is_catalog
     from refmount.check import CheckOptions, check, render
-    from refmount.progress import LoadProgress
+    from refmount.service.progress import LoadProgress
 
     args = check_parser().parse_args(argv)
     options = CheckOptions(
@@ -196,7 +196,7 @@ def status_parser() -> argparse.ArgumentParser:
 
 
 def run_status(argv: list[str]) -> int:
-    from refmount.status import StatusError, mount_status, render
+    from refmount.service.status import StatusError, mount_status, render
 
     args = status_parser().parse_args(argv)
     try:

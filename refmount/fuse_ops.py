@@ -23,9 +23,9 @@ from typing import Any
 import pyfuse3
 
 from refmount.cache import BlockCache
-from refmount.display import display_url
 from refmount.errors import FetchError
 from refmount.fetch import FetchStats
+from refmount.redaction import display_url
 from refmount.refs.model import Ref
 from refmount.tree import ROOT_INODE, Node, StaleInode, Tree
 from refmount.tuning import PYFUSE3_PATCHED

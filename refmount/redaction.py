@@ -1,22 +1,62 @@
-"""Keeping the credentials of a REFS URL out of everything refmount shows.
+"""Keeping credentials out of everything refmount shows: the one place every layer asks.
 
-A REFS URL may carry a password (``https://user:pass@host/refs.json``) or a signed query
-string (``?token=...``).  refmount shows REFS in ``/proc/mounts`` (the fsname), in its
-log and in its error messages, and libraries quote URLs in their exceptions: every one
-of those passes through a :class:`Scrubber`, which writes the URL without them and
-replaces each secret part wherever it still appears.
+A URL may carry a password (``https://user:pass@host/refs.json``) or a signed query
+string (``?token=...``).  refmount shows URLs in ``/proc/mounts`` (the fsname), in its
+log, in its error messages and xattrs, and libraries quote URLs in their exceptions.
+
+* :func:`redact` writes a URL without user information or query string; it raises
+  ``ValueError`` for a URL it cannot split (a bad port).  :func:`redact_url` and
+  :func:`shown` are the same for every URL, each with its own answer to one it cannot
+  split: the protocol alone (messages about reference sets), or the URL cut before its
+  query and after its user information (the REFS of a mount).
+* :func:`redact_text` redacts every URL quoted in a message.
+* :func:`display_url` is a target URL as people see it: a local path as a ``file://`` URL.
+* A :class:`Scrubber` replaces a REFS URL and each secret part of it wherever it still
+  appears (a library may quote only a part); :class:`ScrubbingFormatter` puts every log
+  line through one.
 """
 
 from __future__ import annotations
 
 import logging
-from urllib.parse import parse_qsl, urlsplit
+import os.path
+import re
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from refmount.fetch import redact
+from fsspec.core import split_protocol
+
+from refmount.protocols import LOCAL_PROTOCOLS
 
 HIDDEN = "***"
 #: Shorter query values ("1", "json") are not secrets, and hiding them garbles messages.
 MIN_SECRET = 4
+_URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{},]+")
+
+
+def redact(url: str) -> str:
+    """The URL without user information or query string, for logs and xattrs."""
+    parts = urlsplit(url)
+    if not parts.scheme or parts.scheme in LOCAL_PROTOCOLS:
+        return url
+    netloc = parts.hostname or ""
+    port = parts.netloc.rpartition("@")[2].rpartition(":")[2]
+    if port.isdigit():  # parts.port raises on a chained URL's "zip://a::file:..."
+        netloc = f"{netloc}:{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def redact_url(url: str) -> str:
+    """:func:`redact`, also for a URL it cannot parse (a bad port)."""
+    try:
+        return redact(url)
+    except ValueError:
+        return f"{url.partition('://')[0]}://<redacted>"
+
+
+def redact_text(text: str) -> str:
+    """``text`` with credentials (``user:pass@``, query strings) removed from every URL
+    in it: for messages that quote a URL, or an error of a library that did."""
+    return _URL_IN_TEXT.sub(lambda found: redact_url(found.group()), text)
 
 
 def shown(url: str) -> str:
@@ -25,6 +65,18 @@ def shown(url: str) -> str:
         return redact(url)
     except ValueError:  # not a URL one can split: show nothing of it that may be secret
         return url.partition("?")[0].rpartition("@")[2]
+
+
+def display_url(url: str) -> str:
+    """``/data/x.nc`` -> ``file:///data/x.nc``; a remote URL without user information or
+    query string (``https://u:p@h/x?sig=s`` -> ``https://h/x``).
+
+    A relative local path is made absolute.  Local paths are not percent-encoded: the
+    result is what fsspec itself accepts (``fsspec.open("file:///data/my file.nc")``)."""
+    protocol, path = split_protocol(url)
+    if protocol is None or protocol in LOCAL_PROTOCOLS:
+        return f"file://{os.path.abspath(path)}"
+    return redact(url)
 
 
 def secrets_of(url: str) -> list[str]:

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import trio
 
 from refmount.errors import FetchError
-from refmount.fetch import redact
+from refmount.redaction import redact
 from refmount.refs.model import Ref, RefSet
 
 ROOT_INODE = 1

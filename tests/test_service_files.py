@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from refmount.options import parse_args
-from refmount.progress import LoadProgress
+from refmount.service.progress import LoadProgress
 from tests.conftest import REFMOUNT, is_mounted, unmount
 
 ROOT = Path(__file__).parent.parent

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from refmount.control import socket_path
-from refmount.display import display_url
+from refmount.redaction import display_url
+from refmount.service.control import socket_path
 from tests.conftest import Mounted, is_mounted, refmount_cli
 from tests.support.servers import RangeServer
 

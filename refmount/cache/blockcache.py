@@ -60,7 +60,8 @@ from refmount.cache.budget import MemoryBudget
 from refmount.cache.parts import INFLIGHT_COST, Part, State
 from refmount.cache.streams import INITIAL_WINDOW, MAX_WINDOW, Prefetch, StreamTracker
 from refmount.errors import FetchError
-from refmount.fetch import Fetcher, redact
+from refmount.fetch import Fetcher
+from refmount.redaction import redact
 
 log = logging.getLogger(__name__)
 

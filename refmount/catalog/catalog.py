@@ -5,8 +5,8 @@ daemon's nursery every ``ttl`` seconds (and at once on SIGHUP); a request that f
 older than that waits for a fresh one.  A refresh that fails keeps the last listing.
 What a refresh changed is told to the kernel: entries of removed sets, names that now
 exist (it may cache them as missing), directory attributes; a loaded set whose refs file
-changed is reloaded as a single mount reloads on SIGHUP (``refmount.reload``): open
-files keep their bytes, changed keys get new inodes, unchanged ones keep theirs.
+changed is reloaded as a single mount reloads on SIGHUP (``refmount.service.reload``):
+open files keep their bytes, changed keys get new inodes, unchanged ones keep theirs.
 
 At most ``max_loaded`` sets stay loaded, their indexes holding at most
 ``max_loaded_bytes`` (as far as sets can tell: a Parquet set's records are bounded by
@@ -36,8 +36,8 @@ from refmount.tree import FILE_BASE, Tree
 log = logging.getLogger(__name__)
 
 #: How long a tree replaced by a reload still answers reads of files opened before it
-#: (as ``refmount.reload`` keeps a replaced set), and an unloaded one requests begun on
-#: it (an unloaded set's inodes load it again: it need not wait long).
+#: (as ``refmount.service.reload`` keeps a replaced set), and an unloaded one requests
+#: begun on it (an unloaded set's inodes load it again: it need not wait long).
 RETIRE_SECONDS = 60.0
 UNLOADED_SECONDS = 2.0
 #: Invalidations waiting for the worker thread; past this the oldest wait for room.

@@ -11,8 +11,8 @@ from typing import Any
 from refmount.catalog.names import plan
 from refmount.catalog.source import list_sets
 from refmount.check import CheckOptions, Report, check
-from refmount.display import display_url
 from refmount.errors import RefsError
+from refmount.redaction import display_url
 
 
 @dataclass

@@ -17,8 +17,9 @@ from urllib.parse import unquote
 
 from refmount.catalog.names import JSON_SUFFIXES, PARQUET_SUFFIXES, Found
 from refmount.errors import RefsError
+from refmount.redaction import redact_url
 from refmount.refs import source as refs_source
-from refmount.refs.urls import redact_url, without_query
+from refmount.refs.urls import without_query
 
 log = logging.getLogger(__name__)
 

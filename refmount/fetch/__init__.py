@@ -2,11 +2,10 @@
 that move the bytes (local files, fsspec)."""
 
 from refmount.fetch.backend import Version
-from refmount.fetch.fetcher import Fetcher, FetchPolicy, FetchStats, classify, protocol_of, redact
-from refmount.fetch.local import LOCAL_PROTOCOLS, NOWAIT_MAX, OPEN_LOCAL_FILES
+from refmount.fetch.fetcher import Fetcher, FetchPolicy, FetchStats, classify, protocol_of
+from refmount.fetch.local import NOWAIT_MAX, OPEN_LOCAL_FILES
 
 __all__ = [
-    "LOCAL_PROTOCOLS",
     "NOWAIT_MAX",
     "OPEN_LOCAL_FILES",
     "FetchPolicy",
@@ -15,5 +14,4 @@ __all__ = [
     "Version",
     "classify",
     "protocol_of",
-    "redact",
 ]

@@ -19,15 +19,16 @@ import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import fsspec
 import trio
 
 from refmount.errors import FetchError
 from refmount.fetch.backend import MAX_FILE_SIZE, Backend, Version, WrongAnswer
-from refmount.fetch.local import LOCAL_PROTOCOLS, LocalBackend
+from refmount.fetch.local import LocalBackend
 from refmount.fetch.obstore_backend import make_backend
+from refmount.protocols import LOCAL_PROTOCOLS
+from refmount.redaction import redact
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +65,6 @@ class FetchStats:
             "errors": self.errors,
             "local_nowait_reads": self.local_nowait_reads,
         }
-
-
-def redact(url: str) -> str:
-    """The URL without user information or query string, for logs and xattrs."""
-    parts = urlsplit(url)
-    if not parts.scheme or parts.scheme in LOCAL_PROTOCOLS:
-        return url
-    netloc = parts.hostname or ""
-    port = parts.netloc.rpartition("@")[2].rpartition(":")[2]
-    if port.isdigit():  # parts.port raises on a chained URL's "zip://a::file:..."
-        netloc = f"{netloc}:{port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 #: URLs whose protocol and scope are remembered: a request asks for them several times,

@@ -19,7 +19,6 @@ from fsspec.implementations.local import LocalFileSystem
 from refmount.errors import FetchError
 from refmount.fetch.backend import Version
 
-LOCAL_PROTOCOLS = frozenset({"file", "local"})
 NOWAIT_MAX = 1 << 20  # the largest local read tried on the serving thread
 OPEN_LOCAL_FILES = 256  # descriptors kept open for the fast path
 

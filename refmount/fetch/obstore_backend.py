@@ -56,6 +56,7 @@ from refmount.fetch.obstore_options import (
     Untranslatable,
     translate,
 )
+from refmount.redaction import redact
 
 log = logging.getLogger(__name__)
 
@@ -162,13 +163,13 @@ class ObstoreBackend:
             if not _head_unusable(exc):
                 raise _translated(exc, url) from None
             # fsspec asks with a GET too, where a server refuses HEAD or sends no length.
-            log.debug("%s: no size from HEAD (%s); asking fsspec", _shown(url), _first_line(exc))
+            log.debug("%s: no size from HEAD (%s); asking fsspec", redact(url), _first_line(exc))
             return await self.fallback.size(url)
         finally:
             self._last_request = time.monotonic()
         size = meta.get("size")
         if not isinstance(size, int) or size < 0:
-            raise FetchError(f"{_shown(url)}: the store gives no size")
+            raise FetchError(f"{redact(url)}: the store gives no size")
         return size
 
     async def version(self, url: str) -> Version:
@@ -330,11 +331,11 @@ def _translated(exc: Exception, url: str) -> Exception:
         status = _STATUS.search(str(exc))
         code = status.group(1) if status else "404"
         what = "HTTP 404: not found" if code == "404" else f"HTTP {code}"
-        return FetchError(f"{_shown(url)}: {what}", errno.EIO)
+        return FetchError(f"{redact(url)}: {what}", errno.EIO)
     if isinstance(exc, PermissionDeniedError | UnauthenticatedError):
         status = _STATUS.search(str(exc))
         what = f"HTTP {status.group(1)}" if status else "access denied"
-        return FetchError(f"{_shown(url)}: {what}", errno.EACCES)
+        return FetchError(f"{redact(url)}: {what}", errno.EACCES)
     if isinstance(exc, BaseError):
         status = _STATUS.search(str(exc))
         if status:
@@ -356,10 +357,3 @@ def _head_unusable(exc: Exception) -> bool:
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:200] if text else ""
-
-
-def _shown(url: str) -> str:
-    """The URL as logs show it (no user information or query)."""
-    from refmount.fetch.fetcher import redact  # the fetcher imports this module
-
-    return redact(url)

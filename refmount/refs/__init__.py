@@ -10,10 +10,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from refmount.errors import RefsError
+from refmount.redaction import redact_text, redact_url
 from refmount.refs import source
 from refmount.refs.model import Child, Ref, RefSet
 from refmount.refs.source import DEFAULT_MAX_REFS_BYTES
-from refmount.refs.urls import UrlResolver, redact_text, redact_url
+from refmount.refs.urls import UrlResolver
 
 __all__ = ["DEFAULT_MAX_REFS_BYTES", "Child", "Ref", "RefSet", "RefsError", "open_refset"]
 

@@ -1,17 +1,17 @@
 """Turning the URLs written in a reference set into full URLs the fetcher can use, and
-the URLs of reference sets into names fit for messages."""
+the URL of a reference set into the URLs of the files beside it (what a URL shows of
+itself, without secrets, is :mod:`refmount.redaction`'s)."""
 
 from __future__ import annotations
 
 import posixpath
-import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import fsspec.core
 
 from refmount.errors import RefsError
-from refmount.fetch import LOCAL_PROTOCOLS, redact
+from refmount.protocols import LOCAL_PROTOCOLS
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,6 @@ class UrlResolver:
 
 
 _WEB_PROTOCOLS = ("http://", "https://")
-_URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{},]+")
 
 
 def without_query(path: str) -> str:
@@ -92,17 +91,3 @@ def child_url(root: str, name: str) -> str:
         parts = urlsplit(root)
         return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{name}"))
     return f"{root.rstrip('/')}/{name}"
-
-
-def redact_url(url: str) -> str:
-    """:func:`refmount.fetch.redact`, also for a URL it cannot parse (a bad port)."""
-    try:
-        return redact(url)
-    except ValueError:
-        return f"{url.partition('://')[0]}://<redacted>"
-
-
-def redact_text(text: str) -> str:
-    """``text`` with credentials (``user:pass@``, query strings) removed from every URL
-    in it: for messages that quote a URL, or an error of a library that did."""
-    return _URL_IN_TEXT.sub(lambda found: redact_url(found.group()), text)

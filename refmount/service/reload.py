@@ -26,10 +26,10 @@ import trio
 
 from refmount.cache import BlockCache
 from refmount.fuse_ops import Operations
-from refmount.notify import notify
 from refmount.options import Config
 from refmount.redaction import Scrubber, shown
 from refmount.refs import RefSet
+from refmount.service.notify import notify
 from refmount.tree import Tree
 
 log = logging.getLogger(__name__)

@@ -209,7 +209,7 @@ def serve(
     _refuse_pandas()
     # SIGHUP reloads once serving; until then it must not kill the daemon.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    from refmount.serve import Daemon
+    from refmount.service.serve import Daemon
 
     scrub = Scrubber(config.refs)
     try:

@@ -1,5 +1,6 @@
 """``refmount status MOUNTPOINT``: a mount's live counters, asked of its daemon through
-the control socket (:mod:`refmount.control`), so it works whatever ``--xattrs`` says."""
+the control socket (:mod:`refmount.service.control`), so it works whatever ``--xattrs``
+says."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from refmount.control import socket_path
+from refmount.service.control import socket_path
 
 FSTYPE = "fuse.refmount"
 QUERY_SECONDS = 10.0

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from refmount.errors import RefsError
-from refmount.refs.parquet_layout import MAX_FILE_IDS, ArrayLayout
+from refmount.refs.parquet.layout import MAX_FILE_IDS, ArrayLayout
 
 if TYPE_CHECKING:  # numpy is imported with the first record
     import numpy as np

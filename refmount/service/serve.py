@@ -23,17 +23,16 @@ from refmount.cache.disk import DiskCache, DiskCacheConfig, DiskTier
 from refmount.catalog import is_catalog
 from refmount.catalog.catalog import Catalog
 from refmount.catalog.serving import open_catalog
-from refmount.control import ControlServer, MountState, socket_path
-from refmount.display import display_url
 from refmount.fetch import Fetcher, FetchPolicy
 from refmount.fuse_ops import Operations
-from refmount.notify import notify
 from refmount.options import Config
-from refmount.progress import LoadProgress
-from refmount.redaction import Scrubber, shown
+from refmount.redaction import Scrubber, display_url, shown
 from refmount.refs import RefSet, open_refset
-from refmount.reload import Reloader, refs_signature
 from refmount.request_timing import RequestTimer
+from refmount.service.control import ControlServer, MountState, socket_path
+from refmount.service.notify import notify
+from refmount.service.progress import LoadProgress
+from refmount.service.reload import Reloader, refs_signature
 from refmount.tree import Owner, Tree
 from refmount.tuning import log_fuse_features, tune_kernel
 

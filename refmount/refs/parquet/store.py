@@ -1,7 +1,7 @@
 """The record files of a Parquet set: read within budgets, retried, listed and kept.
 
 Only the ``async`` methods read anything, each in a worker thread (see
-``parquet_cache``), under the set's load deadline; the synchronous ones answer from what
+``parquet.cache``), under the set's load deadline; the synchronous ones answer from what
 is held and never touch the store.  Memory: the LRU's budget, plus the two records handed
 out last, plus at most ``WORKERS`` record files being read (each at most the record
 budget plus ``_FILE_SLACK``) and one being decoded.
@@ -35,11 +35,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from refmount.errors import FetchError, RefsError
-from refmount.refs.parquet_cache import CostLRU, SingleFlight
-from refmount.refs.parquet_grid import ChunkGrid
+from refmount.refs.parquet.cache import CostLRU, SingleFlight
+from refmount.refs.parquet.grid import ChunkGrid
 
 if TYPE_CHECKING:  # numpy and pyarrow are imported on the first record read
-    from refmount.refs.parquet_records import Record
+    from refmount.refs.parquet.records import Record
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class RecordStore:
         data = self._retried(path, lambda: self._read(arr, record_no, path))
         if isinstance(data, _Absent | Failed):
             return data
-        from refmount.refs.parquet_records import DECODE_ERRORS, RecordTooLarge, decode
+        from refmount.refs.parquet.records import DECODE_ERRORS, RecordTooLarge, decode
 
         try:
             with self._decoding:

@@ -5,10 +5,10 @@ Layout (see the spec's "Parquet references")::
     ROOT/.zmetadata                 {"metadata": {key: value}, "record_size": N, ...}
     ROOT/<array path>/refs.<R>.parq rows path/offset/size/raw, N per file
 
-Opening reads only ``.zmetadata`` (``parquet_layout``: what is a file, an array, a
+Opening reads only ``.zmetadata`` (``parquet.layout``: what is a file, an array, a
 directory).  A record file is read when a key in it is looked up or its directory is
-listed (``parquet_store``), and decoded records live in a byte-bounded LRU as a few compact
-numpy / pyarrow arrays (``parquet_records``, imported with numpy and pyarrow on the first
+listed (``parquet.store``), and decoded records live in a byte-bounded LRU as a few compact
+numpy / pyarrow arrays (``parquet.records``, imported with numpy and pyarrow on the first
 record read, so that a mount answers before either loads).
 
 Only the ``async`` methods (:meth:`find_file`, :meth:`file_ref`, :meth:`ensure`) load
@@ -18,14 +18,14 @@ I/O.  A chunk whose record is not held raises :class:`NotLoaded` from :meth:`fil
 hold: the caller resumes it from the last cursor after :meth:`ensure`, so a listing of a
 huge grid loads its records one readdir call at a time, off the serving loop.
 
-Tree rules beyond ``parquet_layout``'s and ``parquet_grid``'s: a chunk whose row is empty
+Tree rules beyond ``parquet.layout``'s and ``parquet.grid``'s: a chunk whose row is empty
 or invalid, or whose record file is absent (and its directory's listing agrees), does not
 exist and is not listed.  For ``dimension_separator: "/"`` arrays, every index directory
 inside the grid exists (and is listed), whether or not any chunk below it exists: this
 needs no record reads.  The chunk files in the last level are listed only when they exist.
 
 File ids: metadata files ``0..M-1`` in sorted key order, then each array's block (see
-``parquet_grid``).  Directory cursors: the position in the sorted entry list; in an array
+``parquet.grid``).  Directory cursors: the position in the sorted entry list; in an array
 directory, chunk entries follow with cursor ``len(metadata entries) + chunk index`` (first
 index for nested arrays), and in a nested index directory the cursor is the index itself.
 Resuming is a jump, never a rescan.
@@ -38,15 +38,15 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from refmount.refs.model import Child, Ref, RefSet
-from refmount.refs.parquet_grid import ChunkGrid, ChunkGrids
-from refmount.refs.parquet_layout import ZMETADATA, Layout, consolidated_value, load_zmetadata
-from refmount.refs.parquet_store import ABSENT, RecordStore
+from refmount.refs.parquet.grid import ChunkGrid, ChunkGrids
+from refmount.refs.parquet.layout import ZMETADATA, Layout, consolidated_value, load_zmetadata
+from refmount.refs.parquet.store import ABSENT, RecordStore
 from refmount.refs.values import inline_bytes
 
 if TYPE_CHECKING:  # numpy and pyarrow are imported on the first record read
     import numpy as np
 
-    from refmount.refs.parquet_records import Record
+    from refmount.refs.parquet.records import Record
 
 #: default bytes of decoded records held at once
 RECORD_CACHE_BYTES = 256 << 20

@@ -18,8 +18,8 @@ import time
 from types import TracebackType
 from typing import TextIO
 
-from refmount.fetch import redact
-from refmount.notify import notify
+from refmount.redaction import redact
+from refmount.service.notify import notify
 
 #: how often the heartbeat speaks, seconds
 TERMINAL_INTERVAL = 0.5

@@ -52,6 +52,7 @@ QUEUE_BYTES = 64 << 20  # bytes waiting to be written, at most
 DRAIN_SECONDS = 10.0  # at a stop, the most spent writing what is queued
 PAUSE_SECONDS = 30.0  # admission rests this long after the disk or the limits said no
 BATCH = 64  # entries written, then admitted in one transaction, at a time
+GATHER_SECONDS = 0.05  # the longest a batch waits for more pieces
 FLUSH_SECONDS = 5.0  # how often uses are written to the index
 FLUSH_COUNT = 4096  # or as soon as this many are waiting
 HYSTERESIS = 0.05  # of the limit: evicted beyond what an admission needs
@@ -249,20 +250,23 @@ class DiskCache:
 
     async def _writer(self) -> None:
         """The one writer, a batch at a time: so that two pieces of one unit merge, and
-        one transaction of the index admits many entries."""
+        one transaction of the index admits many entries.  A batch gathers for up to
+        :data:`GATHER_SECONDS` after its first piece: random reads arrive one chunk at
+        a time, and a thread call and a transaction per chunk cost more than writing
+        it."""
         async for item in self._queue_receive:
             batch = [item]
-            while len(batch) < BATCH:
-                try:
-                    batch.append(self._queue_receive.receive_nowait())
-                except trio.WouldBlock:
-                    break
             try:
-                # A batch is finished even at a stop: its temporary files are written.
-                with trio.CancelScope(shield=True):
-                    await self._write(batch)
+                with trio.move_on_after(GATHER_SECONDS):
+                    while len(batch) < BATCH:
+                        batch.append(await self._queue_receive.receive())
             finally:
-                self._queued -= sum(len(piece) for _, _, piece, _ in batch)
+                try:
+                    # A batch is finished even at a stop: its temporary files are written.
+                    with trio.CancelScope(shield=True):
+                        await self._write(batch)
+                finally:
+                    self._queued -= sum(len(piece) for _, _, piece, _ in batch)
 
     async def _drain(self) -> None:
         """Write what is still queued (at a stop)."""

@@ -320,9 +320,6 @@ class DiskCache:
         except (OSError, sqlite3.Error) as exc:
             log.warning("disk cache: cannot admit entries: %s", exc)
             return
-        finally:
-            for _, temp, _, _ in written:
-                self.store.discard(temp)  # gone already where it was placed
         self.counters["disk_evictions"] += len(evicted)
         done = set(admitted)
         for name, _, _, new_bytes in written:
@@ -364,16 +361,24 @@ class DiskCache:
                 written.append((name, temp, size, new_bytes))
 
     def _admit(self, written: list[tuple[str, str, int, int]]) -> tuple[list[str], list[str]]:
-        """Runs in a worker thread, holding the index."""
+        """Runs in a worker thread, holding the index; removes the temporary files that
+        were not placed."""
         items = [
             (name, size, functools.partial(self.store.place, temp, name))
             for name, temp, size, _ in written
         ]
-        admitted, evicted = self.index.admit(
-            items, time.time(), self._limits(), self._free, self.store.remove
-        )
-        self._usage = self.index.total()
-        return admitted, evicted
+        admitted: list[str] = []
+        try:
+            admitted, evicted = self.index.admit(
+                items, time.time(), self._limits(), self._free, self.store.remove
+            )
+            self._usage = self.index.total()
+            return admitted, evicted
+        finally:
+            placed = set(admitted)
+            for name, temp, _, _ in written:
+                if name not in placed:
+                    self.store.discard(temp)
 
     def _free(self) -> int:
         return self.store.space().free

@@ -53,7 +53,7 @@ class DiskTier:
 
     async def fetch(
         self, url: str, start: int, end: int, *, allow_short: bool = False
-    ) -> bytes | bytearray:
+    ) -> bytes | memoryview:
         """Bytes ``[start, end)`` of ``url``, as :meth:`Fetcher.fetch` gives them."""
         if end <= start:
             return b""
@@ -100,7 +100,7 @@ class DiskTier:
                 # the object is not what the reference says; the fetcher's answer
                 # decides.
                 return await self.fetcher.fetch(url, start, end)
-        return buffer
+        return memoryview(buffer).toreadonly()  # checked bytes: nobody writes them now
 
     def _units(
         self, url: str, validator: str, start: int, end: int

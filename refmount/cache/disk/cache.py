@@ -149,9 +149,10 @@ class DiskCache:
 
     async def read_part(
         self, keys: list[EntryKey], wants: list[tuple[int, int]], start: int, end: int
-    ) -> tuple[bytearray | None, list[int | None]]:
+    ) -> tuple[bytearray | memoryview | None, list[int | None]]:
         """What the entries of ``keys`` hold of ``wants`` (each unit's range of the part
-        ``[start, end)``), read by one worker-thread call into one buffer of the part:
+        ``[start, end)``), read by one worker-thread call into one buffer of the part
+        (a part of one unit: a view of its entry's bytes as read, nothing to fill):
         the buffer (None when no unit has an entry) and, per unit, how many bytes of its
         range it holds from the range's start (None: not all of them; fewer: the object
         ends there, and nothing after that unit was read).  Entries found corrupt are
@@ -164,11 +165,15 @@ class DiskCache:
 
     def _read_part(
         self, keys: list[EntryKey], wants: list[tuple[int, int]], start: int, end: int
-    ) -> tuple[bytearray | None, list[int | None], list[tuple[str, str]]]:
+    ) -> tuple[bytearray | memoryview | None, list[int | None], list[tuple[str, str]]]:
         """Runs in a worker thread: reading and checksumming let the GIL go."""
+        corrupt: list[tuple[str, str]] = []
+        if len(keys) == 1:  # one unit: its entry's bytes as read, no buffer to fill
+            entry = self._read(keys[0], corrupt)
+            piece = None if entry is None else entry.get(*wants[0])
+            return piece, [None if piece is None else len(piece)], corrupt
         buffer: bytearray | None = None
         got: list[int | None] = [None] * len(keys)
-        corrupt: list[tuple[str, str]] = []
         for i, (key, (lo, hi)) in enumerate(zip(keys, wants, strict=True)):
             try:
                 fd = self.store.open(key)

@@ -94,13 +94,16 @@ class DiskTier:
                 reach = lo + len(data)
                 break
         if reach < end:
-            del buffer[reach - start :]
             if not allow_short:
                 # An entry that says the object ends sooner than the whole reference:
                 # the object is not what the reference says; the fetcher's answer
                 # decides.
                 return await self.fetcher.fetch(url, start, end)
-        return memoryview(buffer).toreadonly()  # checked bytes: nobody writes them now
+            return bytes(memoryview(buffer)[: reach - start])  # the object's last part
+        if isinstance(buffer, bytearray):
+            return memoryview(buffer).toreadonly()  # checked bytes: nobody writes them now
+        whole = buffer.obj  # one unit: a view of its entry's bytes
+        return whole if isinstance(whole, bytes) and len(whole) == buffer.nbytes else buffer
 
     def _units(
         self, url: str, validator: str, start: int, end: int

@@ -467,3 +467,43 @@ def test_disk_cache_options_as_mount_options() -> None:
     )
     with pytest.raises(SystemExit):
         parse_args(["r.json", "/mnt", "--disk-cache-min-free", "150%"])
+
+
+def test_a_part_half_on_disk_is_whole_and_the_rest_is_fetched(tmp_path: Path) -> None:
+    """Units 0 and 5 of a 12-unit file on disk; a read of all of it fetches the two
+    runs between and after (more than a megabyte each) and serves every byte."""
+    root = tmp_path / "www"
+    root.mkdir()
+    data = random.Random(8).randbytes(12 * UNIT - 5)
+    (root / "data.bin").write_bytes(data)
+
+    async def main(url: str) -> dict[str, int]:
+        disk = DiskCache(DiskCacheConfig(str(tmp_path / "cache"), check_interval=3600))
+        fetcher = Fetcher()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(disk.run)
+            tier = DiskTier(disk, fetcher)
+            for unit in (0, 5):
+                got = await tier.fetch(url, unit * UNIT, (unit + 1) * UNIT)
+                assert bytes(got) == data[unit * UNIT : (unit + 1) * UNIT]
+            nursery.cancel_scope.cancel()  # written at the stop
+        async with trio.open_nursery() as nursery:
+            disk = DiskCache(DiskCacheConfig(str(tmp_path / "cache"), check_interval=3600))
+            await nursery.start(disk.run)
+            tier = DiskTier(disk, fetcher)
+            whole = await tier.fetch(url, 0, 12 * UNIT, allow_short=True)
+            assert bytes(whole) == data
+            with pytest.raises(TypeError):
+                memoryview(whole)[0] = 0  # nobody writes checked bytes
+            stats = disk.stats()
+            nursery.cancel_scope.cancel()
+        fetcher.close()
+        return stats
+
+    with RangeServer(root, validators=True) as server:
+        stats = trio.run(main, f"{server.url}/data.bin")
+        assert (stats["disk_hits"], stats["disk_misses"]) == (2, 10)
+        assert [(s, e) for _, s, e in server.stats()["ranges"]][-2:] == [
+            (UNIT, 5 * UNIT),
+            (6 * UNIT, 12 * UNIT - 5),
+        ]

@@ -184,16 +184,18 @@ class DiskCache:
                 continue
             if buffer is None:  # the first entry found: a buffer for the whole part
                 buffer = bytearray(end - start)
+            held = None
             try:
                 with memoryview(buffer) as view, view[lo - start : hi - start] as slot:
-                    got[i] = self._read_into(key, fd, lo, hi, slot)
+                    held = self._read_into(key, fd, lo, hi, slot)
             except CorruptEntry as exc:
                 corrupt.append((key.name, str(exc)))
             except OSError as exc:
                 log.debug("disk cache: cannot read an entry: %s", exc)
             finally:
                 os.close(fd)
-            if got[i] is not None and got[i] < hi - lo:  # type: ignore[operator]
+            got[i] = held
+            if held is not None and held < hi - lo:
                 break
         return buffer, got, corrupt
 

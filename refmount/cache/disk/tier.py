@@ -26,12 +26,15 @@ Versions
 
 from __future__ import annotations
 
+import trio
+
 from refmount.cache.disk.cache import DiskCache
 from refmount.cache.disk.entry import EntryKey
 from refmount.cache.disk.validators import Validators
 from refmount.fetch import Fetcher
 
 UNIT = 256 << 10  # the block cache's block size: a block part's blocks are whole units
+COPY_INLINE = 1 << 20  # fetched bytes copied into a part on the serving thread up to this
 
 
 class DiskTier:
@@ -88,8 +91,10 @@ class DiskTier:
         for first, last in _missing_runs(got[:count]):
             lo, hi = wants[first][0], wants[last - 1][1]
             data = await self._fetch(keys, wants, first, last, allow_short)
-            with memoryview(buffer) as view:
-                view[lo - start : lo - start + len(data)] = data
+            if len(data) > COPY_INLINE:  # a copy of megabytes the serving thread must not wait on
+                await trio.to_thread.run_sync(_copy_into, buffer, lo - start, data)
+            else:
+                _copy_into(buffer, lo - start, data)
             if len(data) < hi - lo:
                 reach = lo + len(data)
                 break
@@ -160,3 +165,8 @@ def _missing_runs(got: list[int | None]) -> list[tuple[int, int]]:
     if first is not None:
         runs.append((first, len(got)))
     return runs
+
+
+def _copy_into(buffer: bytearray | memoryview, at: int, data: bytes) -> None:
+    with memoryview(buffer) as view:
+        view[at : at + len(data)] = data

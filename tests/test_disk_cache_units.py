@@ -20,6 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from refmount.cache import BlockCache
 from refmount.cache.disk import DiskCache, DiskCacheConfig, DiskCacheError, DiskTier
+from refmount.cache.disk.cache import QUEUE_BYTES
 from refmount.cache.disk.entry import CorruptEntry, Entry, EntryKey, decode, encode
 from refmount.cache.disk.index import Index, Limits, plan_eviction
 from refmount.cache.disk.store import Store
@@ -308,6 +309,98 @@ def test_validators() -> None:
     assert version_of_info({"size": 3, "ETag": '"e"'}) == 'etag:"e"|size:3'
 
 
+# -- reading a part into one buffer -------------------------------------------------------
+
+UNIT = 1 << 18
+
+
+def _placed(store: Store, key: EntryKey, entry: Entry) -> Path:
+    temp, _ = store.write_temp(key, entry)
+    store.place(temp, key.name)
+    return Path(store.path(key.name))
+
+
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [(-1, "data checksum"), (UNIT // 2, "data checksum"), (8, "header checksum")],
+)
+def test_a_whole_unit_read_in_place_is_checked(tmp_path: Path, where: int, why: str) -> None:
+    store = Store(str(tmp_path / "cache"))
+    data = random.Random(6).randbytes(UNIT)
+    key = EntryKey("https://example.org/b.nc", 'etag:"b"', UNIT, UNIT)
+    path = _placed(store, key, Entry([(key.offset, key.end)], data))
+    out = bytearray(UNIT)
+    fd = store.open(key)
+    assert fd is not None
+    try:
+        assert store.read_whole(key, fd, memoryview(out)) is True
+    finally:
+        os.close(fd)
+    assert out == data
+    damaged = bytearray(path.read_bytes())
+    damaged[where] ^= 0x40
+    path.write_bytes(damaged)
+    fd = store.open(key)
+    assert fd is not None
+    try:
+        with pytest.raises(CorruptEntry, match=why):
+            store.read_whole(key, fd, memoryview(bytearray(UNIT)))
+    finally:
+        os.close(fd)
+    assert not path.exists()  # removed
+    store.close()
+
+
+def test_a_part_is_read_from_whole_partial_and_missing_units(tmp_path: Path) -> None:
+    """Units 0 (whole), 1 (missing), 2 (half of it), 3 (the object ends inside it)."""
+    truth = random.Random(7).randbytes(4 * UNIT - 1000)
+    url, validator = "https://example.org/c.nc", 'etag:"c"'
+    keys = [EntryKey(url, validator, i * UNIT, UNIT) for i in range(4)]
+
+    async def main() -> None:
+        disk = DiskCache(DiskCacheConfig(str(tmp_path / "cache")))
+        store = disk.store
+        _placed(store, keys[0], Entry([(0, UNIT)], truth[:UNIT]))
+        _placed(
+            store, keys[2], Entry([(2 * UNIT, 2 * UNIT + 100)], truth[2 * UNIT : 2 * UNIT + 100])
+        )
+        end_at = len(truth)
+        _placed(store, keys[3], Entry([(3 * UNIT, end_at)], truth[3 * UNIT :], end_at))
+        start, end = 100, 4 * UNIT
+        wants = [(max(start, k.offset), min(end, k.end)) for k in keys]
+        buffer, got = await disk.read_part(keys, wants, start, end)
+        assert buffer is not None and len(buffer) == end - start
+        assert got == [UNIT - 100, None, None, len(truth) - 3 * UNIT]
+        assert buffer[: UNIT - 100] == truth[100:UNIT]
+        assert buffer[3 * UNIT - start : len(truth) - start] == truth[3 * UNIT :]
+        # A part inside unit 2's span, and one of units nobody holds.
+        buffer, got = await disk.read_part(
+            [keys[2]], [(2 * UNIT + 10, 2 * UNIT + 90)], 2 * UNIT + 10, 2 * UNIT + 90
+        )
+        assert got == [80] and buffer == truth[2 * UNIT + 10 : 2 * UNIT + 90]
+        assert await disk.read_part([keys[1]], [(UNIT, 2 * UNIT)], UNIT, 2 * UNIT) == (None, [None])
+        disk.close()
+
+    trio.run(main)
+
+
+def test_admission_never_waits_a_full_queue_is_refused(tmp_path: Path) -> None:
+    async def main() -> None:
+        disk = DiskCache(DiskCacheConfig(str(tmp_path / "cache")))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(disk.run)
+            piece = memoryview(bytes(UNIT))
+            # admit() is synchronous: the writer cannot run in between, the queue fills.
+            for i in range(400):  # 100 MiB, more than the queue holds
+                disk.admit(
+                    EntryKey("https://example.org/d", "v", i * UNIT, UNIT), i * UNIT, piece, None
+                )
+            assert disk.counters["disk_refusals"] == 400 - QUEUE_BYTES // UNIT
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
 # -- the tier with the block cache, against the range server -------------------------------
 
 
@@ -374,3 +467,43 @@ def test_disk_cache_options_as_mount_options() -> None:
     )
     with pytest.raises(SystemExit):
         parse_args(["r.json", "/mnt", "--disk-cache-min-free", "150%"])
+
+
+def test_a_part_half_on_disk_is_whole_and_the_rest_is_fetched(tmp_path: Path) -> None:
+    """Units 0 and 5 of a 12-unit file on disk; a read of all of it fetches the two
+    runs between and after (more than a megabyte each) and serves every byte."""
+    root = tmp_path / "www"
+    root.mkdir()
+    data = random.Random(8).randbytes(12 * UNIT - 5)
+    (root / "data.bin").write_bytes(data)
+
+    async def main(url: str) -> dict[str, int]:
+        disk = DiskCache(DiskCacheConfig(str(tmp_path / "cache"), check_interval=3600))
+        fetcher = Fetcher()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(disk.run)
+            tier = DiskTier(disk, fetcher)
+            for unit in (0, 5):
+                got = await tier.fetch(url, unit * UNIT, (unit + 1) * UNIT)
+                assert bytes(got) == data[unit * UNIT : (unit + 1) * UNIT]
+            nursery.cancel_scope.cancel()  # written at the stop
+        async with trio.open_nursery() as nursery:
+            disk = DiskCache(DiskCacheConfig(str(tmp_path / "cache"), check_interval=3600))
+            await nursery.start(disk.run)
+            tier = DiskTier(disk, fetcher)
+            whole = await tier.fetch(url, 0, 12 * UNIT, allow_short=True)
+            assert bytes(whole) == data
+            with pytest.raises(TypeError):
+                memoryview(whole)[0] = 0  # nobody writes checked bytes
+            stats = disk.stats()
+            nursery.cancel_scope.cancel()
+        fetcher.close()
+        return stats
+
+    with RangeServer(root, validators=True) as server:
+        stats = trio.run(main, f"{server.url}/data.bin")
+        assert (stats["disk_hits"], stats["disk_misses"]) == (2, 10)
+        assert [(s, e) for _, s, e in server.stats()["ranges"]][-2:] == [
+            (UNIT, 5 * UNIT),
+            (6 * UNIT, 12 * UNIT - 5),
+        ]

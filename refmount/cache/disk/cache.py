@@ -5,17 +5,19 @@ process serves; each set's fetcher gets a :class:`~refmount.cache.disk.tier.Disk
 front of it that uses it.
 
 Off the serving thread
-    Every file operation runs in a worker thread: lookups and writes under one limiter
-    of :data:`IO_THREADS`, the index (one SQLite connection) under a limiter of one.  A
-    lookup of all the entries a fetch wants is one thread call.
+    Every file operation runs in a worker thread: reads and writes under one limiter
+    of :data:`IO_THREADS`, the index (one SQLite connection) under a limiter of one.
+    All the entries a part wants are read by one thread call, straight into one buffer
+    of the part (no join), each checked (header, size, CRC-32 of its data) where it
+    landed: copying and checksumming let the GIL go.
 
-Admission holds a reader up only while the disk is slower than the network
+Admission never holds a reader up
     The tier hands fetched bytes to :meth:`DiskCache.admit` and returns them to the
     reader; one writer task adds them to their units' entries behind it (read,
     merge, write a temporary file, rename: one at a time, so that two pieces of one
-    unit fetched together both stay).  At most
-    :data:`QUEUE_BYTES` wait to be written; beyond that, a fetch waits for the writer
-    (up to :data:`ADMIT_WAIT`), then skips (counted).
+    unit fetched together both stay).  At most :data:`QUEUE_BYTES` wait to be
+    written; what comes while the queue is full is not kept (a network faster than
+    the disk: counted in ``disk_refusals``).
     When the disk says no (ENOSPC, EDQUOT, EROFS, EACCES) or the index finds no room,
     admission pauses for :data:`PAUSE_SECONDS`, logged once per episode, then tries
     again: readers never see it.
@@ -45,13 +47,12 @@ from refmount.cache.disk.store import FULL_ERRNOS, DiskCacheError, Store
 log = logging.getLogger(__name__)
 
 IO_THREADS = 4  # worker threads reading and writing entries at once
-LOOKUP_SLICE = 8  # units one thread reads of a larger lookup
 WRITE_THREADS = 2  # threads writing one batch
 QUEUE_BYTES = 64 << 20  # bytes waiting to be written, at most
-ADMIT_WAIT = 2.0  # seconds a fetch waits for room in the queue before it skips
 DRAIN_SECONDS = 10.0  # at a stop, the most spent writing what is queued
 PAUSE_SECONDS = 30.0  # admission rests this long after the disk or the limits said no
 BATCH = 64  # entries written, then admitted in one transaction, at a time
+GATHER_SECONDS = 0.05  # the longest a batch waits for more pieces
 FLUSH_SECONDS = 5.0  # how often uses are written to the index
 FLUSH_COUNT = 4096  # or as soon as this many are waiting
 HYSTERESIS = 0.05  # of the limit: evicted beyond what an admission needs
@@ -64,7 +65,6 @@ COUNTERS = (
     "disk_evictions",
     "disk_corrupt",
     "disk_refusals",
-    "disk_skipped",
     "disk_bypassed",
     "disk_validations",
     "disk_validation_failures",
@@ -104,7 +104,6 @@ class DiskCache:
         self._db = trio.CapacityLimiter(1)
         self._queue_send, self._queue_receive = trio.open_memory_channel[Queued](float("inf"))
         self._queued = 0
-        self._room = trio.Event()  # set (and replaced) whenever the writer made room
         self._paused_until = -float("inf")
         self._pause_logged = False
         self._uses: dict[str, float] = {}
@@ -148,26 +147,72 @@ class DiskCache:
 
     # -- lookups --------------------------------------------------------------------------
 
-    async def lookup(self, keys: list[EntryKey]) -> list[Entry | None]:
-        """The entries of ``keys`` there are, in order (None: none, or a corrupt one,
-        now removed).  Many keys (read-ahead) are read by several threads at once:
-        reading and checking a unit is mostly copying memory, which the GIL lets go."""
-        if len(keys) <= LOOKUP_SLICE:
-            found, corrupt = await trio.to_thread.run_sync(self._lookup, keys, limiter=self._io)
-            self._count_corrupt(corrupt)
-            return found
-        slices: list[list[Entry | None]] = []
+    async def read_part(
+        self, keys: list[EntryKey], wants: list[tuple[int, int]], start: int, end: int
+    ) -> tuple[bytearray | memoryview | None, list[int | None]]:
+        """What the entries of ``keys`` hold of ``wants`` (each unit's range of the part
+        ``[start, end)``), read by one worker-thread call into one buffer of the part
+        (a part of one unit: a view of its entry's bytes as read, nothing to fill):
+        the buffer (None when no unit has an entry) and, per unit, how many bytes of its
+        range it holds from the range's start (None: not all of them; fewer: the object
+        ends there, and nothing after that unit was read).  Entries found corrupt are
+        removed and counted."""
+        buffer, got, corrupt = await trio.to_thread.run_sync(
+            self._read_part, keys, wants, start, end, limiter=self._io
+        )
+        self._count_corrupt(corrupt)
+        return buffer, got
 
-        async def one(at: int, part: list[EntryKey]) -> None:
-            got, corrupt = await trio.to_thread.run_sync(self._lookup, part, limiter=self._io)
-            self._count_corrupt(corrupt)
-            slices[at] = got
+    def _read_part(
+        self, keys: list[EntryKey], wants: list[tuple[int, int]], start: int, end: int
+    ) -> tuple[bytearray | memoryview | None, list[int | None], list[tuple[str, str]]]:
+        """Runs in a worker thread: reading and checksumming let the GIL go."""
+        corrupt: list[tuple[str, str]] = []
+        if len(keys) == 1:  # one unit: its entry's bytes as read, no buffer to fill
+            entry = self._read(keys[0], corrupt)
+            piece = None if entry is None else entry.get(*wants[0])
+            return piece, [None if piece is None else len(piece)], corrupt
+        buffer: bytearray | None = None
+        got: list[int | None] = [None] * len(keys)
+        for i, (key, (lo, hi)) in enumerate(zip(keys, wants, strict=True)):
+            try:
+                fd = self.store.open(key)
+            except OSError as exc:
+                log.debug("disk cache: cannot open an entry: %s", exc)
+                continue
+            if fd is None:
+                continue
+            if buffer is None:  # the first entry found: a buffer for the whole part
+                buffer = bytearray(end - start)
+            held = None
+            try:
+                with memoryview(buffer) as view, view[lo - start : hi - start] as slot:
+                    held = self._read_into(key, fd, lo, hi, slot)
+            except CorruptEntry as exc:
+                corrupt.append((key.name, str(exc)))
+            except OSError as exc:
+                log.debug("disk cache: cannot read an entry: %s", exc)
+            finally:
+                os.close(fd)
+            got[i] = held
+            if held is not None and held < hi - lo:
+                break
+        return buffer, got, corrupt
 
-        async with trio.open_nursery() as nursery:
-            for at, first in enumerate(range(0, len(keys), LOOKUP_SLICE)):
-                slices.append([])
-                nursery.start_soon(one, at, keys[first : first + LOOKUP_SLICE])
-        return [entry for got in slices for entry in got]
+    def _read_into(self, key: EntryKey, fd: int, lo: int, hi: int, slot: memoryview) -> int | None:
+        """Bytes ``[lo, hi)`` of ``key``'s unit from its open entry ``fd`` into ``slot``:
+        how many it had (fewer where the object ends), None if not all of them."""
+        if lo == key.offset and hi == key.end:
+            found = self.store.read_whole(key, fd, slot)
+            if found is True:
+                return hi - lo
+        else:
+            found = self.store.read_entry(key, fd)
+        piece = found.get(lo, hi)
+        if piece is None:
+            return None
+        slot[: len(piece)] = piece
+        return len(piece)
 
     def used(self, key: EntryKey, size: int) -> None:
         """Count a hit of ``size`` bytes in ``key``'s entry, and remember its use."""
@@ -183,15 +228,6 @@ class DiskCache:
             self._forgotten.append(name)
             log.warning("disk cache: removed a corrupt entry (%s)", reason)
 
-    def _lookup(self, keys: list[EntryKey]) -> tuple[list[Entry | None], list[tuple[str, str]]]:
-        """The entries found, and those found corrupt (and removed) with why.  Runs in a
-        worker thread."""
-        found: list[Entry | None] = []
-        corrupt: list[tuple[str, str]] = []
-        for key in keys:
-            found.append(self._read(key, corrupt))
-        return found, corrupt
-
     def _read(self, key: EntryKey, corrupt: list[tuple[str, str]]) -> Entry | None:
         try:
             return self.store.read(key)
@@ -203,46 +239,41 @@ class DiskCache:
 
     # -- admission ------------------------------------------------------------------------
 
-    async def admit(
-        self, key: EntryKey, start: int, piece: bytes | memoryview, eof: int | None
-    ) -> None:
+    def admit(self, key: EntryKey, start: int, piece: bytes | memoryview, eof: int | None) -> None:
         """Queue ``piece``, the bytes of ``key``'s unit from ``start`` on, to be added to
-        its entry; ``eof``: where the object ends, if the fetch found out.  When more
-        than :data:`QUEUE_BYTES` wait already, waits up to :data:`ADMIT_WAIT` seconds
-        for the writer (a network faster than the disk is slowed to the disk's pace,
-        so that what was read once is kept), then skips."""
+        its entry; ``eof``: where the object ends, if the fetch found out.  Never waits:
+        when :data:`QUEUE_BYTES` wait already (the network is faster than the disk), the
+        piece is refused (counted in ``disk_refusals``) and the reader goes on."""
         if not self._running or not key.cacheable() or not (piece or eof is not None):
             return
         if trio.current_time() < self._paused_until:
             self.counters["disk_refusals"] += 1
             return
-        with trio.move_on_after(ADMIT_WAIT):
-            while self._queued + len(piece) > QUEUE_BYTES and self._queued:
-                await self._room.wait()
         if self._queued + len(piece) > QUEUE_BYTES and self._queued:
-            self.counters["disk_skipped"] += 1
+            self.counters["disk_refusals"] += 1
             return
         self._queued += len(piece)
         self._queue_send.send_nowait((key, start, piece, eof))
 
     async def _writer(self) -> None:
         """The one writer, a batch at a time: so that two pieces of one unit merge, and
-        one transaction of the index admits many entries."""
+        one transaction of the index admits many entries.  A batch gathers for up to
+        :data:`GATHER_SECONDS` after its first piece: random reads arrive one chunk at
+        a time, and a thread call and a transaction per chunk cost more than writing
+        it."""
         async for item in self._queue_receive:
             batch = [item]
-            while len(batch) < BATCH:
-                try:
-                    batch.append(self._queue_receive.receive_nowait())
-                except trio.WouldBlock:
-                    break
             try:
-                # A batch is finished even at a stop: its temporary files are written.
-                with trio.CancelScope(shield=True):
-                    await self._write(batch)
+                with trio.move_on_after(GATHER_SECONDS):
+                    while len(batch) < BATCH:
+                        batch.append(await self._queue_receive.receive())
             finally:
-                self._queued -= sum(len(piece) for _, _, piece, _ in batch)
-                self._room.set()
-                self._room = trio.Event()
+                try:
+                    # A batch is finished even at a stop: its temporary files are written.
+                    with trio.CancelScope(shield=True):
+                        await self._write(batch)
+                finally:
+                    self._queued -= sum(len(piece) for _, _, piece, _ in batch)
 
     async def _drain(self) -> None:
         """Write what is still queued (at a stop)."""
@@ -296,9 +327,6 @@ class DiskCache:
         except (OSError, sqlite3.Error) as exc:
             log.warning("disk cache: cannot admit entries: %s", exc)
             return
-        finally:
-            for _, temp, _, _ in written:
-                self.store.discard(temp)  # gone already where it was placed
         self.counters["disk_evictions"] += len(evicted)
         done = set(admitted)
         for name, _, _, new_bytes in written:
@@ -340,16 +368,24 @@ class DiskCache:
                 written.append((name, temp, size, new_bytes))
 
     def _admit(self, written: list[tuple[str, str, int, int]]) -> tuple[list[str], list[str]]:
-        """Runs in a worker thread, holding the index."""
+        """Runs in a worker thread, holding the index; removes the temporary files that
+        were not placed."""
         items = [
             (name, size, functools.partial(self.store.place, temp, name))
             for name, temp, size, _ in written
         ]
-        admitted, evicted = self.index.admit(
-            items, time.time(), self._limits(), self._free, self.store.remove
-        )
-        self._usage = self.index.total()
-        return admitted, evicted
+        admitted: list[str] = []
+        try:
+            admitted, evicted = self.index.admit(
+                items, time.time(), self._limits(), self._free, self.store.remove
+            )
+            self._usage = self.index.total()
+            return admitted, evicted
+        finally:
+            placed = set(admitted)
+            for name, temp, _, _ in written:
+                if name not in placed:
+                    self.store.discard(temp)
 
     def _free(self) -> int:
         return self.store.space().free

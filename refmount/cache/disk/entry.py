@@ -27,6 +27,7 @@ check is *corrupt*: the reader takes it for a miss and removes it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 import zlib
@@ -57,10 +58,10 @@ class EntryKey:
     def end(self) -> int:
         return self.offset + self.length
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
         """``ab/cdef...``: the entry's path under the data directory (256 subdirectories,
-        so that no directory grows huge)."""
+        so that no directory grows huge).  Computed once per key."""
         digest = hashlib.sha256(
             b"\0".join(
                 (
@@ -79,6 +80,17 @@ class EntryKey:
             and len(self.validator.encode("utf-8", "surrogateescape")) <= MAX_FIELD
             and self.offset >= 0
             and self.length > 0
+        )
+
+    @functools.cached_property
+    def whole_header_length(self) -> int:
+        """How long the header of an entry holding the whole unit (one span) is."""
+        return (
+            _FIXED.size
+            + len(self.url.encode("utf-8", "surrogateescape"))
+            + len(self.validator.encode("utf-8", "surrogateescape"))
+            + _SPAN.size
+            + _CRC.size
         )
 
 
@@ -180,7 +192,7 @@ class Header:
     data_offset: int
 
 
-def header_length(head: bytes) -> int:
+def header_length(head: bytes | bytearray) -> int:
     """How many bytes the header that ``head`` starts has (its first bytes tell)."""
     if len(head) < _FIXED.size:
         raise CorruptEntry(f"{len(head)} bytes: shorter than a header")
@@ -191,7 +203,7 @@ def header_length(head: bytes) -> int:
     return _FIXED.size + url_len + val_len + count * _SPAN.size + _CRC.size
 
 
-def decode_header(key: EntryKey, head: bytes) -> Header:
+def decode_header(key: EntryKey, head: bytes | bytearray) -> Header:
     """The header at the start of ``head`` (which holds at least ``header_length``
     bytes, or it is truncated), checked against ``key``, or :class:`CorruptEntry`."""
     need = header_length(head)

@@ -15,6 +15,8 @@ may leave an entry with lost bytes, which its checksum catches on the next read.
 
 An entry that another process evicts while this one reads it stays readable until
 closed (unlink keeps an open file); a read here opens, reads and closes in one go.
+Checked bytes are read into this process's memory (never mapped): another process
+cannot change them after their check.
 
 Every method does blocking I/O: callers run them in worker threads.
 """
@@ -29,7 +31,10 @@ import os
 import re
 import secrets
 import stat
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 from refmount.cache.disk.entry import (
     CorruptEntry,
@@ -171,32 +176,66 @@ class Store:
 
     def read(self, key: EntryKey) -> Entry | None:
         """The entry of ``key``; None when there is none; :class:`CorruptEntry` (the
-        file removed) when there is one that fails a check.  Header and data are read
-        apart, so that the data is one ``bytes`` object the reader gets as it is."""
-        path = self.path(key.name)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+        file removed) when there is one that fails a check."""
+        fd = self.open(key)
+        if fd is None:
             return None
         try:
-            st = os.fstat(fd)
-            try:
-                head = os.pread(fd, HEAD_READ, 0)
-                length = header_length(head)
-                if length > len(head):
-                    head = os.pread(fd, length, 0)
-                header = decode_header(key, head)
-                if st.st_size != header.data_offset + header.size:
-                    raise CorruptEntry(
-                        f"{st.st_size - header.data_offset} bytes of data, "
-                        f"the header says {header.size}"
-                    )
-                return with_data(header, _read_all(fd, header.size, header.data_offset))
-            except CorruptEntry:
-                self._remove_if_same(path, st)
-                raise
+            return self.read_entry(key, fd)
         finally:
             os.close(fd)
+
+    def open(self, key: EntryKey) -> int | None:
+        """A descriptor of ``key``'s entry file (the caller closes it), None if none."""
+        try:
+            return os.open(self.path(key.name), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+
+    def read_whole(self, key: EntryKey, fd: int, whole: memoryview) -> Entry | Literal[True]:
+        """Read ``fd``, the open file of ``key``'s entry, into ``whole`` (``key.length``
+        bytes) when the entry holds the whole unit: header and data in one ``preadv``,
+        the data checked where it landed, no other copy; True.  Any other entry (some
+        spans of the unit) comes back as by :meth:`read_entry`."""
+        st = os.fstat(fd)
+        if st.st_size == key.whole_header_length + key.length:
+            head = bytearray(key.whole_header_length)
+            with self._removed_if_corrupt(key, st):
+                got = os.preadv(fd, [head, whole], 0)
+                if got == st.st_size and header_length(head) == len(head):
+                    header = decode_header(key, head)
+                    if header.spans == [(key.offset, key.end)]:
+                        if zlib.crc32(whole) != header.data_crc:
+                            raise CorruptEntry("data checksum mismatch")
+                        return True
+        return self.read_entry(key, fd, st)
+
+    def read_entry(self, key: EntryKey, fd: int, st: os.stat_result | None = None) -> Entry:
+        """The entry in ``fd``, the open file of ``key``'s entry, checked, or
+        :class:`CorruptEntry` (the file removed).  Header and data are read apart, so
+        that the data is one ``bytes`` object the reader gets as it is."""
+        st = st or os.fstat(fd)
+        with self._removed_if_corrupt(key, st):
+            head = os.pread(fd, HEAD_READ, 0)
+            length = header_length(head)
+            if length > len(head):
+                head = os.pread(fd, length, 0)
+            header = decode_header(key, head)
+            if st.st_size != header.data_offset + header.size:
+                raise CorruptEntry(
+                    f"{st.st_size - header.data_offset} bytes of data, "
+                    f"the header says {header.size}"
+                )
+            return with_data(header, _read_all(fd, header.size, header.data_offset))
+
+    @contextlib.contextmanager
+    def _removed_if_corrupt(self, key: EntryKey, st: os.stat_result) -> Iterator[None]:
+        """Remove the entry file ``st`` describes if the block raises CorruptEntry."""
+        try:
+            yield
+        except CorruptEntry:
+            self._remove_if_same(self.path(key.name), st)
+            raise
 
     def _remove_if_same(self, path: str, st: os.stat_result) -> None:
         """Unlink ``path`` if it is still the file that was read (another process may

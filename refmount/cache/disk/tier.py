@@ -11,8 +11,10 @@ Units
     its unit's entry (:mod:`refmount.cache.disk.entry`), which holds whatever spans of
     the unit have been fetched, by any read, in any process.  A whole zarr chunk read
     at random, and the same bytes read by a stream's read-ahead, find each other.  All
-    of a part's entries are read in one worker-thread call; the pieces not found are
-    fetched as runs of adjacent units, one request per run, and only those bytes.
+    of a part's entries are read in one worker-thread call into one buffer of the part;
+    the pieces not found are fetched as runs of adjacent units, one request per run,
+    and only those bytes, copied into their places.  A part with no entry at all is
+    the fetch's own bytes, not copied.
 
 Versions
     Entries are keyed by the object's validator (:mod:`refmount.cache.disk.validators`);
@@ -32,7 +34,7 @@ from refmount.cache.disk.validators import Validators
 from refmount.fetch import Fetcher
 
 UNIT = 256 << 10  # the block cache's block size: a block part's blocks are whole units
-JOIN_INLINE = 1 << 20  # pieces joined on the serving thread up to this many bytes
+COPY_INLINE = 1 << 20  # fetched bytes copied into a part on the serving thread up to this
 
 
 class DiskTier:
@@ -52,7 +54,9 @@ class DiskTier:
     def stats(self) -> dict[str, int]:
         return self.disk.stats()
 
-    async def fetch(self, url: str, start: int, end: int, *, allow_short: bool = False) -> bytes:
+    async def fetch(
+        self, url: str, start: int, end: int, *, allow_short: bool = False
+    ) -> bytes | memoryview:
         """Bytes ``[start, end)`` of ``url``, as :meth:`Fetcher.fetch` gives them."""
         if end <= start:
             return b""
@@ -68,35 +72,43 @@ class DiskTier:
             self.disk.counters["disk_bypassed"] += 1
             return await self.fetcher.fetch(url, start, end, allow_short=allow_short)
         keys, wants = self._units(url, validator, start, end)
-        entries = await self.disk.lookup(keys)
-        pieces: list[bytes | memoryview | None] = []
-        for key, (lo, hi), entry in zip(keys, wants, entries, strict=True):
-            piece = None if entry is None else entry.get(lo, hi)
-            if piece is None:
+        buffer, got = await self.disk.read_part(keys, wants, start, end)
+        if buffer is None:  # nothing on disk: the fetch's bytes as they are
+            self.disk.counters["disk_misses"] += len(keys)
+            return await self._fetch(keys, wants, 0, len(keys), allow_short)
+        reach = end  # where the object's bytes end, if before ``end``
+        count = len(keys)  # the units up to the one where the object ends
+        for i, ((lo, hi), n) in enumerate(zip(wants, got, strict=True)):
+            if n is None:
                 self.disk.counters["disk_misses"] += 1
+                continue
+            self.disk.used(keys[i], n)
+            if n < hi - lo:
+                reach, count = lo + n, i + 1
+                break
+        # One request per run of misses, one after another: nearly always there is at
+        # most one run, and a failure reaches the block cache as the fetcher raised it.
+        for first, last in _missing_runs(got[:count]):
+            lo, hi = wants[first][0], wants[last - 1][1]
+            data = await self._fetch(keys, wants, first, last, allow_short)
+            if len(data) > COPY_INLINE:  # a copy of megabytes the serving thread must not wait on
+                await trio.to_thread.run_sync(_copy_into, buffer, lo - start, data)
             else:
-                self.disk.used(key, len(piece))
-            pieces.append(piece)
-            if piece is not None and len(piece) < hi - lo:
-                break  # the object ends here
-        # One request per run of misses, one after another: nearly always there is one
-        # run, and a failure reaches the block cache as the fetcher raised it.
-        for first, last in _missing_runs(pieces):
-            await self._fill(keys, wants, pieces, first, last, allow_short)
-        kept = _kept(wants, pieces)
-        data = _whole(kept)
-        if data is None:
-            # Joining megabytes is a copy the serving thread must not wait on.
-            data = (
-                await trio.to_thread.run_sync(b"".join, kept)
-                if sum(len(p) for p in kept) > JOIN_INLINE
-                else b"".join(kept)
-            )
-        if not allow_short and len(data) != end - start:
-            # An entry that says the object ends sooner than the whole reference: the
-            # object is not what the reference says; the fetcher's answer decides.
-            return await self.fetcher.fetch(url, start, end)
-        return data
+                _copy_into(buffer, lo - start, data)
+            if len(data) < hi - lo:
+                reach = lo + len(data)
+                break
+        if reach < end:
+            if not allow_short:
+                # An entry that says the object ends sooner than the whole reference:
+                # the object is not what the reference says; the fetcher's answer
+                # decides.
+                return await self.fetcher.fetch(url, start, end)
+            return bytes(memoryview(buffer)[: reach - start])  # the object's last part
+        if isinstance(buffer, bytearray):
+            return memoryview(buffer).toreadonly()  # checked bytes: nobody writes them now
+        whole = buffer.obj  # one unit: a view of its entry's bytes
+        return whole if isinstance(whole, bytes) and len(whole) == buffer.nbytes else buffer
 
     def _units(
         self, url: str, validator: str, start: int, end: int
@@ -114,17 +126,16 @@ class DiskTier:
             pos = stop
         return keys, wants
 
-    async def _fill(
+    async def _fetch(
         self,
         keys: list[EntryKey],
         wants: list[tuple[int, int]],
-        pieces: list[bytes | memoryview | None],
         first: int,
         last: int,
         allow_short: bool,
-    ) -> None:
-        """Fetch the wanted ranges of units ``first`` to ``last - 1`` as one request,
-        fill them into ``pieces`` and queue them to be kept."""
+    ) -> bytes:
+        """Fetch the wanted ranges of units ``first`` to ``last - 1`` as one request and
+        hand them to the disk cache to keep."""
         lo, hi = wants[first][0], wants[last - 1][1]
         data = await self.fetcher.fetch(keys[first].url, lo, hi, allow_short=allow_short)
         view = memoryview(data)
@@ -132,19 +143,19 @@ class DiskTier:
         for i in range(first, last):
             start, stop = wants[i]
             piece = view[start - lo : stop - lo]
-            pieces[i] = piece
             ends_here = eof is not None and eof <= keys[i].end
-            await self.disk.admit(keys[i], start, piece, eof if ends_here else None)
+            self.disk.admit(keys[i], start, piece, eof if ends_here else None)
             if len(piece) < stop - start:
                 break
+        return data
 
 
-def _missing_runs(pieces: list[bytes | memoryview | None]) -> list[tuple[int, int]]:
+def _missing_runs(got: list[int | None]) -> list[tuple[int, int]]:
     """``[first, last)`` of each run of adjacent misses."""
     runs: list[tuple[int, int]] = []
     first = None
-    for i, piece in enumerate(pieces):
-        if piece is None:
+    for i, n in enumerate(got):
+        if n is None:
             if first is None:
                 first = i
             continue
@@ -152,34 +163,10 @@ def _missing_runs(pieces: list[bytes | memoryview | None]) -> list[tuple[int, in
             runs.append((first, i))
             first = None
     if first is not None:
-        runs.append((first, len(pieces)))
+        runs.append((first, len(got)))
     return runs
 
 
-def _kept(
-    wants: list[tuple[int, int]], pieces: list[bytes | memoryview | None]
-) -> list[bytes | memoryview]:
-    """The pieces in order, up to the first one that ends the object."""
-    kept: list[bytes | memoryview] = []
-    for (lo, hi), piece in zip(wants, pieces, strict=False):
-        if piece is None:
-            break
-        kept.append(piece)
-        if len(piece) < hi - lo:
-            break
-    return kept
-
-
-def _whole(kept: list[bytes | memoryview]) -> bytes | None:
-    """The bytes of ``kept`` without a copy, when they are all of one bytes object."""
-    if not kept:
-        return b""
-    if len(kept) > 1:
-        return None
-    piece = kept[0]
-    if isinstance(piece, bytes):
-        return piece
-    whole = piece.obj  # a view of all of one entry's data, or of a fetch
-    if isinstance(whole, bytes) and piece.nbytes == len(whole):
-        return whole
-    return None
+def _copy_into(buffer: bytearray | memoryview, at: int, data: bytes) -> None:
+    with memoryview(buffer) as view:
+        view[at : at + len(data)] = data

@@ -152,40 +152,18 @@ class ObstoreBackend:
         return data
 
     async def size(self, url: str) -> int:
-        target = self._target(url)
-        if target is None:
+        meta = await self._metadata(url)
+        if meta is None:
             return await self.fallback.size(url)
-        store, path = await self._store(target[0]), target[1]
-        assert self._obstore is not None
-        try:
-            meta = await on_fsspec_loop(_head(self._obstore, store, path))
-        except Exception as exc:
-            if not _head_unusable(exc):
-                raise _translated(exc, url) from None
-            # fsspec asks with a GET too, where a server refuses HEAD or sends no length.
-            log.debug("%s: no size from HEAD (%s); asking fsspec", redact(url), _first_line(exc))
-            return await self.fallback.size(url)
-        finally:
-            self._last_request = time.monotonic()
         size = meta.get("size")
         if not isinstance(size, int) or size < 0:
             raise FetchError(f"{redact(url)}: the store gives no size")
         return size
 
     async def version(self, url: str) -> Version:
-        target = self._target(url)
-        if target is None:
+        meta = await self._metadata(url)
+        if meta is None:
             return await self.fallback.version(url)
-        store, path = await self._store(target[0]), target[1]
-        assert self._obstore is not None
-        try:
-            meta = await on_fsspec_loop(_head(self._obstore, store, path))
-        except Exception as exc:
-            if not _head_unusable(exc):
-                raise _translated(exc, url) from None
-            return await self.fallback.version(url)
-        finally:
-            self._last_request = time.monotonic()
         modified = meta.get("last_modified")
         if modified is not None and modified.timestamp() == 0:
             modified = None  # object_store's stand-in for a missing Last-Modified
@@ -196,6 +174,25 @@ class ObstoreBackend:
             modified=None if modified is None else modified.isoformat(),
         )
         return Version(validator, sized(meta.get("size")))
+
+    async def _metadata(self, url: str) -> dict[str, Any] | None:
+        """The object's metadata from a HEAD, or None where fsspec must be asked instead
+        (a protocol obstore does not serve; a server refusing HEAD or sending no length,
+        which fsspec asks with a GET too)."""
+        target = self._target(url)
+        if target is None:
+            return None
+        store, path = await self._store(target[0]), target[1]
+        assert self._obstore is not None
+        try:
+            return await on_fsspec_loop(_head(self._obstore, store, path))
+        except Exception as exc:
+            if not _head_unusable(exc):
+                raise _translated(exc, url) from None
+            log.debug("%s: no answer from HEAD (%s); asking fsspec", redact(url), _first_line(exc))
+            return None
+        finally:
+            self._last_request = time.monotonic()
 
     async def prepare(self) -> None:
         await self._import()

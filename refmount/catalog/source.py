@@ -133,7 +133,7 @@ def _parquet_marker(fs: Any, path: str, http: bool, name: str) -> dict[str, Any]
 
 def _found(fs: Any, source: str, path: str, parquet: bool, info: Mapping[str, Any]) -> Found:
     signature = tuple(f"{k}={info[k]}" for k in SIGNATURE_FIELDS if info.get(k) is not None)
-    return Found(source, _url(fs, path), parquet, _mtime(info), signature)
+    return Found(source, _url(fs, path), parquet, refs_source.modification_time(info), signature)
 
 
 def _url(fs: Any, path: str) -> str:
@@ -148,13 +148,3 @@ def _is_http(fs: Any) -> bool:
     from fsspec.implementations.http import HTTPFileSystem
 
     return isinstance(fs, HTTPFileSystem)
-
-
-def _mtime(info: Mapping[str, Any]) -> float | None:
-    for field in ("mtime", "LastModified", "last_modified", "created", "updated"):
-        value = info.get(field)
-        if isinstance(value, int | float):
-            return float(value)
-        if hasattr(value, "timestamp"):
-            return float(value.timestamp())
-    return None

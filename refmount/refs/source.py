@@ -255,6 +255,13 @@ def _decompress(
 
 def _mtime(info: Mapping[str, Any]) -> float:
     """The modification time in an ``info`` answer, or now when the store gives none."""
+    found = modification_time(info)
+    return time.time() if found is None else found
+
+
+def modification_time(info: Mapping[str, Any]) -> float | None:
+    """The modification time in an fsspec ``info`` answer (any store's field for it, or
+    an HTTP ``Last-Modified`` header), or None when it gives none."""
     for field in ("mtime", "LastModified", "last_modified", "created", "updated"):
         value = info.get(field)
         if isinstance(value, int | float):
@@ -267,7 +274,7 @@ def _mtime(info: Mapping[str, Any]) -> float:
             return parsedate_to_datetime(header).timestamp()
         except (TypeError, ValueError):
             pass
-    return time.time()
+    return None
 
 
 def _describe(exc: BaseException) -> str:

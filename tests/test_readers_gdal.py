@@ -27,6 +27,7 @@ from tests.data_builders import (
     write_readers_netcdf3,
     write_readers_netcdf4,
 )
+from tests.support.reader_runs import RASTERIO_CHILD
 from tests.test_kerchunk import data_blocks
 
 #: Why GDAL's Zarr driver before 3.11 (Debian's 3.6, the rasterio 1.4 wheel's 3.10) refuses a
@@ -66,23 +67,6 @@ def nc4_mount(nc4: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
         yield m.mountpoint
     finally:
         m.stop()
-
-
-RASTERIO_CHILD = r"""
-import json, sys
-import numpy as np
-import rasterio
-mnt, out, names = sys.argv[1], sys.argv[2], sys.argv[3:]
-result = {"gdal": rasterio.__gdal_version__, "read": {}, "refused": {}}
-for name in names:
-    try:
-        with rasterio.open(f'ZARR:"{mnt}":/{name}') as ds:
-            np.save(f"{out}/{name}.npy", ds.read())
-        result["read"][name] = f"{out}/{name}.npy"
-    except rasterio.errors.RasterioIOError as e:
-        result["refused"][name] = str(e)
-print(json.dumps(result))
-"""
 
 
 def test_rasterio_gdal_decodes_what_it_can(nc4: Path, nc4_mount: Path, tmp_path: Path) -> None:

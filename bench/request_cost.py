@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import subprocess
@@ -43,22 +42,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.throughput import CHUNK, Sizes, data_dir, tree_cpu_split  # noqa: E402
+from bench.throughput import CHUNK, Sizes, data_dir, tree_cpu_split, write_chunk_refs  # noqa: E402
 from tests.support.mounting import REFMOUNT, STOCK_PYFUSE3, Mounted  # noqa: E402
 from tests.support.nginx import NginxServer  # noqa: E402
 from tests.support.servers import stop_process  # noqa: E402
 
 RUN_TIMEOUT = 900.0
-
-
-def write_refs(work: Path, url: str, sizes: Sizes) -> tuple[Path, list[str]]:
-    keys = [f"c/{k:05d}" for k in range(sizes.chunks)]
-    refs: dict[str, object] = {"big": [f"{url}/big.bin", 0, sizes.big]}
-    for k, key in enumerate(keys):
-        refs[key] = [f"{url}/chunks.bin", k * CHUNK, CHUNK]
-    path = work / "request-cost-refs.json"
-    path.write_text(json.dumps({"version": 1, "refs": refs}))
-    return path, keys
 
 
 def reader_lists(keys: list[str], readers: int, files: int, seed: int) -> list[list[str]]:
@@ -164,7 +153,8 @@ def main() -> int:
     prefix = ["taskset", "-c", args.cpus] if args.cpus else []
     command = STOCK_PYFUSE3 if args.stock else REFMOUNT
     with NginxServer(data, delay=args.delay) as server:
-        refs, keys = write_refs(work, server.url, sizes)
+        refs = work / "request-cost-refs.json"
+        _, keys = write_chunk_refs(refs, server.url, sizes)
         chunks = {"W1": 0, "W2": len(keys), "W3": args.readers * args.files}[args.workload]
         total = sizes.big if args.workload == "W1" else chunks * CHUNK
         if args.workload == "W3":

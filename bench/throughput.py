@@ -199,13 +199,20 @@ def find_set(work: Path, keys: int) -> tuple[Path, int]:
     return path, int(marker.read_text())
 
 
-def build(work: Path, sizes: Sizes, data: Path, url: str, args: argparse.Namespace) -> Setup:
+def write_chunk_refs(path: Path, url: str, sizes: Sizes) -> tuple[dict[str, Any], list[str]]:
+    """The workloads' reference set at ``path``: ``big`` (W1's range) and one key per
+    chunk of ``chunks.bin``, all served from ``url``; returns the refs and chunk keys."""
     keys = [f"c/{k:05d}" for k in range(sizes.chunks)]
     refs: dict[str, Any] = {"big": [f"{url}/big.bin", 0, sizes.big]}
     for k, key in enumerate(keys):
         refs[key] = [f"{url}/chunks.bin", k * CHUNK, CHUNK]
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    return refs, keys
+
+
+def build(work: Path, sizes: Sizes, data: Path, url: str, args: argparse.Namespace) -> Setup:
     refs_path = work / "refs.json"
-    refs_path.write_text(json.dumps({"version": 1, "refs": refs}))
+    refs, keys = write_chunk_refs(refs_path, url, sizes)
     rng = random.Random(3)
     random_lists = [
         [keys[rng.randrange(len(keys))] for _ in range(sizes.random_files)]

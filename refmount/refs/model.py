@@ -16,18 +16,31 @@ from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
+class Checksum:
+    """What a remote object must still be for a reference's bytes to be served: Icechunk
+    records one per virtual chunk, so that a source file changed since it was referenced
+    is refused, not read.  ``etag``: the object's ETag must equal it; ``last_modified``
+    (seconds since the epoch): the object must not have been modified after it."""
+
+    etag: str | None = None
+    last_modified: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Ref:
     """Where one key's bytes come from.
 
     Exactly one of ``data`` (inline bytes) and ``url`` is set.  For a URL, ``length`` is
     ``None`` when the reference is the whole remote file (``[url]``): its size must be
-    asked of the remote once.
+    asked of the remote once.  ``checksum``, when set, is what the object at ``url`` must
+    still be for its bytes to be served (see :class:`Checksum`).
     """
 
     data: bytes | None = None
     url: str | None = None
     offset: int = 0
     length: int | None = None
+    checksum: Checksum | None = None
 
     @property
     def inline(self) -> bool:

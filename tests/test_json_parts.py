@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import time
 from array import array
 from pathlib import Path
 
@@ -148,6 +150,32 @@ def test_hostile_middles_give_exactly_one_parse(
 def test_a_cut_inside_a_string_falls_back() -> None:
     text = json.dumps({**ranges(20, "a/"), "m": "a" * 4000 + "],", **ranges(5, "b/")})
     assert jsonsplit.parse_in_parts(text.encode()) is None
+
+
+@pytest.mark.usefixtures("split_small")
+def test_a_child_that_does_not_answer_is_killed_and_one_parse_follows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A child stuck (at a lock a thread of the parent held at the fork) must not hang
+    the load: past its deadline it is killed, and the caller parses in one go."""
+    children: list[int] = []
+    fork = os.fork
+
+    def fork_a_stuck_child() -> int:
+        pid = fork()
+        if pid == 0:
+            time.sleep(120)
+            os._exit(0)
+        children.append(pid)
+        return pid
+
+    monkeypatch.setattr(jsonsplit.os, "fork", fork_a_stuck_child)
+    monkeypatch.setattr(jsonsplit, "CHILD_GRACE", 0.5)
+    text = json.dumps(ranges(2000))
+    assert jsonsplit.parse_in_parts(text.encode()) is None
+    assert len(children) == 1
+    with pytest.raises(ChildProcessError):  # killed and reaped: no such child left
+        os.waitpid(children[0], os.WNOHANG)
 
 
 def test_duplicate_keys_across_the_cut_mean_what_one_parse_means(

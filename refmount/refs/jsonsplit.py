@@ -31,7 +31,9 @@ import json.decoder
 import os
 import pickle
 import re
+import select
 import signal
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +42,12 @@ from refmount.refs.rows import Rows, rows_of
 
 #: Documents smaller than this are parsed in one go: a fork is not worth it.
 MIN_BYTES = 8 << 20
+#: How long the child may take past the parent's own part, as a multiple of the time
+#: that part took (both parts are about the same size), and at least :data:`CHILD_GRACE`
+#: seconds: a child that does not answer by then (stuck at a lock some thread of the
+#: parent held at the fork, or starved) is killed, and the document parsed in one go.
+CHILD_SLOWER = 10
+CHILD_GRACE = 10.0
 #: How much of a version 1 document is decoded to find its "refs" (the members before it
 #: are expected to be small; if they are not, the document is parsed in one go).
 HEAD_BYTES = 16 << 20
@@ -160,6 +168,7 @@ def _split_object(
     if found is None:
         return None
     cut = found.start(1)
+    began = time.monotonic()
     with _Child(lambda: _parse_tail(raw, cut, skip_version)) as child:
         head = json.loads(b"".join((memoryview(raw)[start:cut], b"}")))
         if not isinstance(head, dict) or not head:
@@ -168,7 +177,8 @@ def _split_object(
         head_rows = rows_of(head, skip_version=skip_version)
         del head
         meanwhile()
-        tail = child.result()
+        took = time.monotonic() - began
+        tail = child.result(time.monotonic() + max(CHILD_GRACE, CHILD_SLOWER * took))
     if tail is None:
         return None
     tail_rows, end, has_version, tail_version = tail
@@ -203,8 +213,8 @@ def collector_paused() -> Iterator[None]:
 
 class _Child:
     """``work()`` run in a forked child; :meth:`result` is what it returned (pickled
-    through a pipe), or ``None`` when it failed.  Leaving the ``with`` block ends the
-    child if it is still running."""
+    through a pipe), or ``None`` when it failed or did not answer in time.  Leaving the
+    ``with`` block ends the child if it is still running."""
 
     def __init__(self, work: Callable[[], Any]) -> None:
         self._work = work
@@ -232,16 +242,30 @@ class _Child:
         self._pid, self._fd = pid, read_end
         return self
 
-    def result(self) -> Any:
-        with os.fdopen(self._fd, "rb") as pipe:
-            self._fd = -1
-            payload = pipe.read()
+    def result(self, deadline: float) -> Any:
+        """What the child returned, waiting until ``deadline`` (``time.monotonic``)."""
+        payload = self._read_until(deadline)
+        if payload is None:
+            return None  # the child is killed on leaving the ``with`` block
         self._reap()
         try:
             ok, value = pickle.loads(payload)
         except Exception:  # a child that died before writing it all
             return None
         return value if ok else None
+
+    def _read_until(self, deadline: float) -> bytes | None:
+        chunks: list[bytes] = []
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                return None
+            chunk = os.read(self._fd, 1 << 22)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
 
     def __exit__(self, *exc_info: object) -> None:
         if self._fd >= 0:

@@ -254,3 +254,25 @@ def test_a_manifest_that_decompresses_beyond_the_bound_is_refused(by_hand) -> No
     assert parse_manifest(data, manifest_id, max_decompressed=len(body)).id == manifest_id
     with pytest.raises(ManifestError, match="beyond the bound"):
         parse_manifest(data, manifest_id, max_decompressed=len(body) - 1)
+
+
+def test_frames_without_a_declared_size_or_several_read_the_same(by_hand) -> None:
+    manifest_id, data = _virt_manifest(by_hand)
+    body = zstandard.ZstdDecompressor().decompressobj().decompress(data[HEADER_SIZE:])
+    undeclared = zstandard.ZstdCompressor(write_content_size=False)
+    assert zstandard.frame_content_size(undeclared.compress(body)) == -1
+    expected = parse_manifest(data, manifest_id)
+    variants = {
+        "undeclared": data[:HEADER_SIZE] + undeclared.compress(body),
+        "two frames": _recompressed(data, body[:100])
+        + zstandard.ZstdCompressor().compress(body[100:]),
+    }
+    for name, variant in variants.items():
+        got = parse_manifest(variant, manifest_id)
+        assert got.checksums == expected.checksums, name
+        for node_id, refs in expected.arrays.items():
+            assert np.array_equal(got.arrays[node_id].coords, refs.coords), name
+            assert np.array_equal(got.arrays[node_id].checksums, refs.checksums), name
+    endless = data[:HEADER_SIZE] + undeclared.compress(body + bytes(64 << 20))
+    with pytest.raises(ManifestError, match="beyond the bound"):
+        parse_manifest(endless, manifest_id, max_decompressed=8 << 20)

@@ -168,9 +168,19 @@ class _FlatManifest:
         self.u8 = np.frombuffer(buf, dtype=np.uint8)
         self.manifest_id = manifest_id
         self.checksum_of: dict[Checksum, int] = {}
+        self.claimed = 0
 
     def fail(self, what: str) -> ManifestError:
         return ManifestError(f"manifest {self.manifest_id}: corrupt FlatBuffer ({what})")
+
+    def claim(self, nbytes: int, what: str) -> None:
+        """Account for ``nbytes`` of the buffer that a ref's own data takes (its slot in a
+        refs vector, its index vector, its ETag string).  A writer never shares them, so
+        together they fit in the buffer; a hostile file that points many arrays or refs
+        at the same bytes would otherwise cost work quadratic in its size."""
+        self.claimed += nbytes
+        if self.claimed > len(self.buf):
+            raise self.fail(f"{what}: more than the manifest holds")
 
     # -- scalar reads -------------------------------------------------------------------
     def _int(self, pos: int, size: int, what: str, signed: bool = False) -> int:
@@ -259,6 +269,7 @@ class _Columns:
         self.flat = flat
         self.node_id = node_id
         self.size = len(flat.buf)
+        flat.claim(4 * count, f"refs of array {node_id}")
         self.tables = self._follow(start + 4 * np.arange(count, dtype=np.int64), "ref")
         vtables = self.tables - self._gather(self.tables, 4, "ref table", signed=True)
         vtable_sizes = self._gather(vtables, 2, "ref vtable")
@@ -326,9 +337,7 @@ class _Columns:
         ndim = int(lengths[0])
         if np.any(lengths != ndim):
             raise self._fail("chunk indices of different lengths")
-        # Each ref owns its index vector: together they cannot outgrow the buffer.
-        if count * (4 + 4 * ndim) > self.size:
-            raise self._fail(f"{count} chunk indices of {ndim} dimensions")
+        self.flat.claim(count * (4 + 4 * ndim), f"chunk indices of array {self.node_id}")
         self._check(vectors + 4 + 4 * ndim, "index")
         elements = vectors[:, None] + 4 + 4 * np.arange(ndim, dtype=np.int64)[None, :]
         return self._gather(elements, 4, "index").astype(np.uint32)
@@ -370,8 +379,7 @@ class _Columns:
         references to a thousand ETags cost a thousand decodings, not a million."""
         positions, by_position = np.unique(starts, return_inverse=True)
         lengths = self._gather(positions - 4, 4, what)
-        if int(lengths.sum()) > self.size:  # distinct strings cannot hold more than the buffer
-            raise self._fail(f"{what} strings overlapping")
+        self.flat.claim(int(lengths.sum()), f"{what} strings of array {self.node_id}")
         order = np.argsort(lengths, kind="stable")
         bounds = np.flatnonzero(np.diff(lengths[order])) + 1
         numbers = np.empty(len(positions), dtype=np.int64)

@@ -15,8 +15,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import obstore
 import pytest
 import trio
+from obstore.store import LocalStore
 
 from refmount.cache import BlockCache
 from refmount.cache.disk import DiskCache, DiskCacheConfig, DiskTier
@@ -85,6 +87,8 @@ def test_a_touched_local_file_is_refused_fast_path_and_all(tmp_path: Path) -> No
     mtime = path.stat().st_mtime_ns // 10**9
     by_time = Checksum(last_modified=mtime)
     by_etag = Checksum(etag=local_etag(path.stat()))
+    # the ETag object_store (so icechunk) gives the file, which a checksum would record
+    assert obstore.head(LocalStore(str(tmp_path)), path.name)["e_tag"] == by_etag.etag
     fetch = fetcher()
 
     async def read_all() -> None:

@@ -1,0 +1,1 @@
+"""Icechunk repositories as a source of references."""

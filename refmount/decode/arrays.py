@@ -54,6 +54,8 @@ class ChunkDecoder:
     stages: tuple[Stage, ...]  # in decoding order
     sizes: tuple[int, ...]  # each stage's output size
     error: str | None = None
+    #: What :func:`chunk_decoder` builds this from: the parameters of a decode job.
+    spec: dict[str, Any] | None = None
 
     @property
     def max_raw_size(self) -> int:
@@ -182,11 +184,29 @@ def _dtype(value: Any) -> np.dtype:
 def _decoder(
     meta: Mapping[str, Any], chunks: tuple[int, ...], dtype: np.dtype, order: str, size: int
 ) -> ChunkDecoder:
-    compressor, filters = meta.get("compressor"), meta.get("filters") or []
+    spec = {
+        "compressor": meta.get("compressor"),
+        "filters": meta.get("filters") or [],
+        "dtype": dtype.str,
+        "chunks": list(chunks),
+        "order": order,
+    }
+    return chunk_decoder(spec)
+
+
+def chunk_decoder(spec: Mapping[str, Any]) -> ChunkDecoder:
+    """The decoding a spec names (``compressor``, ``filters``, ``dtype``, ``chunks``,
+    ``order``, as checked by :func:`parse_zarray`): how the daemon makes it, and how a
+    worker process makes it again from a decode job's parameters."""
+    compressor, filters = spec["compressor"], spec["filters"]
+    chunks, order = tuple(spec["chunks"]), spec["order"]
+    dtype = np.dtype(spec["dtype"])
+    size = math.prod(chunks) * dtype.itemsize
     identity = json.dumps(
         [compressor, filters, dtype.str, chunks, order], sort_keys=True, default=str
     )
     key = hashlib.sha256(identity.encode()).hexdigest()[:32]
+    plain = dict(spec)
     if not isinstance(filters, list):
         return ChunkDecoder(key, size, chunks, dtype, order, (), (), f"filters {filters!r}")
     configs = [*([compressor] if compressor is not None else []), *reversed(filters)]
@@ -195,7 +215,7 @@ def _decoder(
         sizes = _stage_sizes(stages, size)
     except CodecError as exc:
         return ChunkDecoder(key, size, chunks, dtype, order, (), (), str(exc))
-    return ChunkDecoder(key, size, chunks, dtype, order, stages, sizes)
+    return ChunkDecoder(key, size, chunks, dtype, order, stages, sizes, spec=plain)
 
 
 def _stage_sizes(stages: tuple[Stage, ...], size: int) -> tuple[int, ...]:
@@ -211,4 +231,4 @@ def _stage_sizes(stages: tuple[Stage, ...], size: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-__all__ = ["Array", "ArrayRefused", "ChunkDecoder", "DecodeError", "parse_zarray"]
+__all__ = ["Array", "ArrayRefused", "ChunkDecoder", "DecodeError", "chunk_decoder", "parse_zarray"]

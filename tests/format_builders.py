@@ -1,0 +1,108 @@
+"""GRIB2, TIFF and FITS files the format tests make, and the values their own libraries
+read from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+#: The grid every GRIB message here has: 9 latitudes by 16 longitudes.
+GRID = (9, 16)
+MISSING = 9999.0
+
+
+def grib_message(
+    short_name: str,
+    level_type: str,
+    level: int,
+    packing: str,
+    values: np.ndarray,
+    *,
+    bitmap: bool = False,
+    date: int = 20240102,
+) -> bytes:
+    """One GRIB2 message written with ecCodes."""
+    import eccodes
+
+    message = eccodes.codes_grib_new_from_samples("regular_ll_pl_grib2")
+    try:
+        eccodes.codes_set_long(message, "Nj", GRID[0])
+        eccodes.codes_set_long(message, "Ni", GRID[1])
+        for key, value in (
+            ("latitudeOfFirstGridPointInDegrees", 60.0),
+            ("longitudeOfFirstGridPointInDegrees", 0.0),
+            ("latitudeOfLastGridPointInDegrees", 20.0),
+            ("longitudeOfLastGridPointInDegrees", 75.0),
+            ("iDirectionIncrementInDegrees", 5.0),
+            ("jDirectionIncrementInDegrees", 5.0),
+        ):
+            eccodes.codes_set_double(message, key, value)
+        eccodes.codes_set(message, "dataDate", date)
+        eccodes.codes_set(message, "dataTime", 600)
+        eccodes.codes_set(message, "step", 3)
+        eccodes.codes_set_string(message, "typeOfLevel", level_type)
+        eccodes.codes_set_long(message, "level", level)
+        eccodes.codes_set_string(message, "shortName", short_name)
+        if bitmap:
+            eccodes.codes_set_long(message, "bitmapPresent", 1)
+            eccodes.codes_set_double(message, "missingValue", MISSING)
+        eccodes.codes_set_string(message, "packingType", packing)
+        eccodes.codes_set_values(message, values.ravel())
+        return eccodes.codes_get_message(message)
+    finally:
+        eccodes.codes_release(message)
+
+
+def field(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(200.0, 310.0, GRID).round(2)
+
+
+def write_grib(path: Path, date: int = 20240102) -> Path:
+    """Four messages: temperature at two pressure levels (simple and complex packing),
+    wind with complex packing and spatial differencing, and 2 m temperature with a
+    bitmap (every 7th point missing)."""
+    with_gaps = field(4)
+    with_gaps.ravel()[::7] = MISSING
+    messages = [
+        grib_message("t", "isobaricInhPa", 500, "grid_simple", field(date + 1), date=date),
+        grib_message("t", "isobaricInhPa", 850, "grid_complex", field(date + 2), date=date),
+        grib_message(
+            "u",
+            "isobaricInhPa",
+            500,
+            "grid_complex_spatial_differencing",
+            field(3) - 260,
+            date=date,
+        ),
+        grib_message(
+            "2t", "heightAboveGround", 2, "grid_simple", with_gaps, bitmap=True, date=date
+        ),
+    ]
+    path.write_bytes(b"".join(messages))
+    return path
+
+
+def grib_fields(path: Path) -> list[dict[str, object]]:
+    """What ecCodes reads from each message of ``path``: values (missing as NaN) and keys."""
+    import eccodes
+
+    fields = []
+    with path.open("rb") as f:
+        while (message := eccodes.codes_grib_new_from_file(f)) is not None:
+            try:
+                values = eccodes.codes_get_array(message, "values")
+                missing = eccodes.codes_get_double(message, "missingValue")
+                if eccodes.codes_get_long(message, "bitmapPresent"):
+                    values[values == missing] = np.nan
+                fields.append(
+                    {
+                        "values": values.reshape(GRID),
+                        "level": eccodes.codes_get_double(message, "level"),
+                        "latitudes": eccodes.codes_get_array(message, "latitudes"),
+                        "longitudes": eccodes.codes_get_array(message, "longitudes"),
+                    }
+                )
+            finally:
+                eccodes.codes_release(message)
+    return fields

@@ -106,3 +106,50 @@ def grib_fields(path: Path) -> list[dict[str, object]]:
             finally:
                 eccodes.codes_release(message)
     return fields
+
+
+#: TIFF files the TIFF tests write: name -> (data, tifffile.imwrite options).
+def tiff_cases() -> dict[str, tuple[np.ndarray, dict[str, object]]]:
+    rng = np.random.default_rng(7)
+    gradient = np.add.outer(np.arange(70), np.arange(90)).astype("<u2") * 37
+    rgb = rng.integers(0, 255, (70, 90, 3), dtype=np.uint8)
+    rgb16 = (rng.integers(0, 4000, (64, 90, 3)) + np.arange(90)[:, None]).astype("<u2")
+    floats = (np.sin(np.arange(70 * 90) / 50.0).reshape(70, 90) * 1000).astype("<f4")
+    doubles = np.cumsum(rng.normal(size=(64, 48)), axis=1)
+    return {
+        "deflate_tiled": (gradient, {"compression": "zlib", "tile": (32, 32)}),
+        "lzw_horizontal_strips": (
+            rgb16,
+            {"compression": "lzw", "predictor": "horizontal", "rowsperstrip": 16},
+        ),
+        "zstd_float_predictor_tiled": (
+            floats,
+            {"compression": "zstd", "predictor": "floatingpoint", "tile": (32, 48)},
+        ),
+        "zstd_float64_predictor_strips": (
+            doubles,
+            {"compression": "zstd", "predictor": "floatingpoint", "rowsperstrip": 8},
+        ),
+        "deflate_horizontal_separate_planes": (
+            np.moveaxis(rgb16, -1, 0).copy(),
+            {
+                "compression": "zlib",
+                "predictor": "horizontal",
+                "planarconfig": "separate",
+                "tile": (16, 32),
+            },
+        ),
+        "packbits_rgb_strips": (rgb[:64], {"compression": "packbits", "rowsperstrip": 16}),
+        "jpeg_rgb_tiled": (rgb, {"compression": "jpeg", "tile": (16, 16)}),
+    }
+
+
+def write_tiffs(directory: Path) -> dict[str, Path]:
+    import tifffile
+
+    paths = {}
+    for name, (data, options) in tiff_cases().items():
+        path = directory / f"{name}.tif"
+        tifffile.imwrite(path, data, **options)
+        paths[name] = path
+    return paths

@@ -153,3 +153,14 @@ def write_tiffs(directory: Path) -> dict[str, Path]:
         tifffile.imwrite(path, data, **options)
         paths[name] = path
     return paths
+
+
+def message_values(message: bytes) -> np.ndarray:
+    """The field ecCodes decodes from one message (packing rounds what was written)."""
+    import eccodes
+
+    handle = eccodes.codes_new_from_message(message)
+    try:
+        return eccodes.codes_get_array(handle, "values")
+    finally:
+        eccodes.codes_release(handle)

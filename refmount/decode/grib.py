@@ -105,8 +105,12 @@ def _read(eccodes: Any, message: int, var: str, count: int) -> np.ndarray:
         return _coordinate(eccodes, message, var, count, points)
     names = {_string(eccodes, message, key) for key in ("cfVarName", "shortName")}
     if var in names or (count == points and count > 1):
-        if eccodes.codes_get_size(message, "values") != count:
-            raise DecodeError(f"grib: the message holds {points} values, the chunk {count}")
+        held = eccodes.codes_get_size(message, "values")
+        if points != count or held != count:
+            raise DecodeError(
+                f"grib: the message holds {held} values on a grid of {points} points, "
+                f"the chunk {count}"
+            )
         values = eccodes.codes_get_array(message, "values")
         missing = _string(eccodes, message, "missingValue")
         if missing and values.dtype.kind == "f":

@@ -164,3 +164,32 @@ def message_values(message: bytes) -> np.ndarray:
         return eccodes.codes_get_array(handle, "values")
     finally:
         eccodes.codes_release(handle)
+
+
+def write_fits(path: Path) -> Path:
+    """An image, a scaled image (BSCALE/BZERO), a float image, a binary table and an
+    ASCII table, written with astropy."""
+    from astropy.io import fits
+
+    image = np.arange(30 * 40, dtype=">i2").reshape(30, 40) - 600
+    scaled = fits.ImageHDU(np.arange(12, dtype=">i2").reshape(3, 4), name="SCALED")
+    scaled.header["BSCALE"] = 0.5
+    scaled.header["BZERO"] = 10.0
+    floats = fits.ImageHDU(np.linspace(0, 1, 20, dtype=">f4").reshape(4, 5), name="FLOATS")
+    table = fits.BinTableHDU.from_columns(
+        [
+            fits.Column(name="id", format="J", array=np.arange(5) * 1000 - 7),
+            fits.Column(name="flux", format="D", array=np.linspace(1, 2, 5)),
+            fits.Column(name="name", format="6A", array=["a", "bb", "ccc", "dddd", "e"]),
+        ],
+        name="TABLE",
+    )
+    text = fits.TableHDU.from_columns(
+        [
+            fits.Column(name="x", format="F8.3", array=[1.5, 2.25, -3.0]),
+            fits.Column(name="n", format="I5", array=[1, 22, 333]),
+        ],
+        name="ASCII",
+    )
+    fits.HDUList([fits.PrimaryHDU(image), scaled, floats, table, text]).writeto(path)
+    return path

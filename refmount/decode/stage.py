@@ -86,8 +86,11 @@ _missing_logged: set[str] = set()
 def needs(module: str, codec_id: str, extra: str) -> None:
     """:class:`CodecError` naming what to install when ``module`` is not installed
     (logged once per module)."""
-    if importlib.util.find_spec(module) is not None:
-        return
+    try:
+        if importlib.util.find_spec(module) is not None:
+            return
+    except (ImportError, ValueError):  # blocked (sys.modules[module] = None) or broken
+        pass
     message = f"codec {codec_id!r} needs {module}: pip install 'refmount[{extra}]'"
     if module not in _missing_logged:
         _missing_logged.add(module)

@@ -103,6 +103,19 @@ def test_a_worker_killed_mid_job_fails_that_job_and_is_replaced() -> None:
     run_pool(test)
 
 
+def test_a_worker_killed_while_idle_is_replaced_without_failing_a_job() -> None:
+    async def test(pool: WorkerPool) -> None:
+        await pool.submit("decode", SPEC, RAW, SIZE)
+        (pid,) = pool.pids()
+        os.kill(pid, signal.SIGKILL)
+        await wait_until(lambda: not alive(pid))
+        assert bytes(await pool.submit("decode", SPEC, RAW, SIZE)) == VALUES.tobytes()
+        stats = pool.stats()
+        assert (stats["worker_deaths"], stats["worker_job_errors"], stats["workers"]) == (1, 0, 1)
+
+    run_pool(test)
+
+
 def test_a_hung_worker_is_killed_at_the_deadline_and_replaced() -> None:
     async def test(pool: WorkerPool) -> None:
         await pool.submit("decode", SPEC, RAW, SIZE)

@@ -12,6 +12,8 @@ blocks on one.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -40,6 +42,8 @@ log = logging.getLogger(__name__)
 
 #: Environment of a worker: one thread per numerical library, it runs one job at a time.
 _WORKER_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "BLOSC_NTHREADS": "1"}
+#: Bytes a pipe to or from a worker holds (Linux allows unprivileged users 1 MiB).
+_PIPE_SIZE = 1 << 20
 #: Seconds a new worker may take to start (an interpreter and its job's libraries).
 _START_DEADLINE = 60.0
 #: Seconds a killed worker is waited for before it is left to be reaped later.
@@ -83,6 +87,9 @@ class _Worker:
             raise
         os.close(to_child)
         os.close(from_child)
+        for fd in (requests, replies):  # fewer wake-ups per chunk than 64 KiB pipes
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
         self.requests = trio.lowlevel.FdStream(requests)
         self.replies = trio.lowlevel.FdStream(replies)
 
@@ -180,7 +187,7 @@ class WorkerPool:
         header = json.dumps({"kind": kind, "params": params}).encode()
         async with self._slots:
             self._reap()
-            worker = self._idle.pop() if self._idle else await self._start()
+            worker = await self._idle_worker() or await self._start()
             self._counters["worker_jobs"] += 1
             self._counters["workers_busy"] += 1
             try:
@@ -212,6 +219,16 @@ class WorkerPool:
                 await self._discard(worker)
         raise JobFailed(f"a {kind} job {failure} (worker {worker.pid} {worker.ended()})")
 
+    async def _idle_worker(self) -> _Worker | None:
+        """An idle worker still alive (one killed while idle, say by the OOM killer, is
+        replaced rather than failing a job)."""
+        while self._idle:
+            worker = self._idle.pop()
+            if worker.process.poll() is None:
+                return worker
+            await self._discard(worker, failed_job=False)
+        return None
+
     async def _start(self) -> _Worker:
         worker = _Worker(self.config.memory_limit)
         self._all.add(worker)
@@ -228,13 +245,13 @@ class WorkerPool:
         log.debug("started worker %d", worker.pid)
         return worker
 
-    async def _discard(self, worker: _Worker) -> None:
+    async def _discard(self, worker: _Worker, *, failed_job: bool = True) -> None:
         self._all.discard(worker)
         self._dying.add(worker)
         await worker.kill()
         self._reap()
         self._counters["worker_deaths"] += 1
-        self._counters["worker_job_errors"] += 1
+        self._counters["worker_job_errors"] += failed_job
         log.warning("worker %d %s; a new one replaces it", worker.pid, worker.ended())
 
     def _reap(self) -> None:

@@ -12,7 +12,10 @@ import json
 import mmap
 import os
 import random
+import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +25,7 @@ import numpy as np
 import pytest
 
 from tests.format_builders import GRID, field, grib_message, message_values
-from tests.support.mounting import Mounted
+from tests.support.mounting import Mounted, child_env
 
 pytest.importorskip("eccodes")
 
@@ -209,6 +212,12 @@ def test_a_worker_killed_mid_chunk_fails_that_read_and_is_replaced(
     counters = stats(mounted)
     assert (counters["worker_deaths"], counters["worker_starts"]) == (1, 2)
     assert "killed by SIGKILL" in mounted.log()
+    status = subprocess.run(
+        [sys.executable, "-m", "refmount", "status", str(root)],
+        capture_output=True, text=True, check=True, env=child_env(),
+    ).stdout  # fmt: skip
+    assert re.search(r"decode workers +1 running \(0 busy\), 2 started, 1 killed or died", status)
+    assert re.search(r"decode jobs +3, 1 failed", status)
 
 
 def test_a_hung_worker_is_killed_at_the_deadline_and_the_next_chunk_reads_right(

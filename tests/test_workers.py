@@ -103,6 +103,19 @@ def test_a_worker_killed_mid_job_fails_that_job_and_is_replaced() -> None:
     run_pool(test)
 
 
+def test_warming_up_starts_every_worker_and_jobs_use_them() -> None:
+    async def test(pool: WorkerPool) -> None:
+        await pool.warm_up()
+        assert len(pool.pids()) == 2
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(pool.submit, "decode", SPEC, RAW, SIZE)
+        stats = pool.stats()
+        assert (stats["worker_starts"], stats["worker_jobs"], stats["workers"]) == (2, 4, 2)
+
+    run_pool(test)
+
+
 def test_a_worker_killed_while_idle_is_replaced_without_failing_a_job() -> None:
     async def test(pool: WorkerPool) -> None:
         await pool.submit("decode", SPEC, RAW, SIZE)

@@ -199,6 +199,8 @@ class Daemon:
             reload = reloader.request if self.catalog is None else self.catalog.request_refresh
             nursery.start_soon(self._on_signals, nursery.cancel_scope, reload)
             nursery.start_soon(self._announce_when_ready, ready)
+            if self.workers is not None:
+                nursery.start_soon(self.workers.warm_up)
             if self.catalog is not None:
                 await nursery.start(self.catalog.run)
             else:

@@ -152,7 +152,8 @@ class _Broken(Exception):
 
 
 class WorkerPool:
-    """At most ``config.workers`` worker processes, started when jobs need them."""
+    """At most ``config.workers`` worker processes, started by :meth:`warm_up` or when
+    jobs need them."""
 
     def __init__(self, config: PoolConfig) -> None:
         self.config = config
@@ -218,6 +219,20 @@ class WorkerPool:
             if worker not in self._idle:
                 await self._discard(worker)
         raise JobFailed(f"a {kind} job {failure} (worker {worker.pid} {worker.ended()})")
+
+    async def warm_up(self) -> None:
+        """Start every worker now (the daemon does at mount), so that the first reads do
+        not wait for interpreters to start.  Jobs meanwhile take the first one ready."""
+
+        async def start_one() -> None:
+            async with self._slots:
+                if len(self._all) < self.config.workers and not self._closed:
+                    with contextlib.suppress(JobFailed):  # the next job starts another
+                        self._idle.append(await self._start())
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(self.config.workers):
+                nursery.start_soon(start_one)
 
     async def _idle_worker(self) -> _Worker | None:
         """An idle worker still alive (one killed while idle, say by the OOM killer, is

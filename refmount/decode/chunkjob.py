@@ -7,6 +7,8 @@ the worker builds the same allowlisted stages from it, checking every parameter 
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 from collections.abc import Mapping
 from functools import lru_cache
@@ -14,6 +16,24 @@ from typing import Any
 
 from refmount.decode.arrays import ChunkDecoder, chunk_decoder
 from refmount.decode.codecs import Buffer, DecodeError
+
+#: The decoder libraries a worker loads before its first job, where installed: loading
+#: ecCodes or imagecodecs takes long enough to count against a job's deadline.
+LIBRARIES = (
+    "eccodes",
+    "gribberish",
+    "imagecodecs",
+    "zstandard",
+    "numcodecs.blosc",
+    "numcodecs.lz4",
+)
+
+
+def prepare() -> None:
+    """Load the installed decoder libraries (a worker calls this once, at its start)."""
+    for name in LIBRARIES:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
 
 
 @lru_cache(maxsize=64)

@@ -17,7 +17,7 @@ import resource
 import signal
 import sys
 
-from refmount.workers.jobs import JOBS, handler
+from refmount.workers.jobs import JOBS, handler, prepare
 from refmount.workers.protocol import (
     FAILED,
     MAX_HEADER,
@@ -99,7 +99,7 @@ def main(argv: list[str]) -> None:
     replies = os.dup(1)
     os.dup2(2, 1)
     for kind in JOBS:  # imported before the first job, whose deadline is the job's alone
-        handler(kind)
+        prepare(kind)
     _write_all(replies, READY)
     serve(0, replies, max_payload=memory_limit or 1 << 40)
 

@@ -1,8 +1,10 @@
 """The jobs workers run, and the interface that asks for them.
 
 A handler is ``handler(params, payload, size) -> bytes-like`` and must return exactly
-``size`` bytes or raise.  Handlers are named here, by module path, so a worker imports
-only the code a job needs, and a job can name nothing but these.
+``size`` bytes or raise; its module may have a ``prepare()`` a worker runs at its start
+(loading libraries, so that a job's deadline is the job's alone).  Handlers are named
+here, by module path, so a worker imports only the code a job needs, and a job can name
+nothing but these.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ def handler(kind: str) -> Handler:
         raise JobFailed(f"no job kind {kind!r}")
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def prepare(kind: str) -> None:
+    """Import a job kind's handler, and run its module's ``prepare()`` if it has one (a
+    worker does this before its first job)."""
+    module = importlib.import_module(JOBS[kind].partition(":")[0])
+    getattr(module, "prepare", lambda: None)()
 
 
 class JobRunner(Protocol):

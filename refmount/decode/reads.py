@@ -1,5 +1,5 @@
 """Reading decoded chunks: raw bytes through the block cache, decoded in a bounded pool
-of worker threads, kept under the block cache's memory budget.
+of worker processes (or threads), kept under the block cache's memory budget.
 
 What :class:`refmount.fuse_ops.Operations` calls ``cache``: ``read_buffer`` of an
 ordinary URL goes to the :class:`BlockCache` as it is; of a decoded chunk's URL

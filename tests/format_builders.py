@@ -59,9 +59,9 @@ def field(seed: int) -> np.ndarray:
 
 
 def write_grib(path: Path, date: int = 20240102) -> Path:
-    """Four messages: temperature at two pressure levels (simple and complex packing),
-    wind with complex packing and spatial differencing, and 2 m temperature with a
-    bitmap (every 7th point missing)."""
+    """Five messages: temperature at two pressure levels (simple and complex packing),
+    wind with complex packing and spatial differencing, 2 m temperature with a bitmap
+    (every 7th point missing), and relative humidity with CCSDS packing (libaec)."""
     with_gaps = field(4)
     with_gaps.ravel()[::7] = MISSING
     messages = [
@@ -78,6 +78,7 @@ def write_grib(path: Path, date: int = 20240102) -> Path:
         grib_message(
             "2t", "heightAboveGround", 2, "grid_simple", with_gaps, bitmap=True, date=date
         ),
+        grib_message("r", "isobaricInhPa", 700, "grid_ccsds", field(5) / 4, date=date),
     ]
     path.write_bytes(b"".join(messages))
     return path

@@ -65,8 +65,8 @@ def test_zarr_reads_every_message_as_eccodes_does(
     decoded = mount(refs, "--decode", "--allow-local")
     group = zarr.open_group(decoded.mountpoint, mode="r", zarr_format=2)
     fields = grib_fields(grib_file)
-    names = ["t", "t", "u", "t2m"]
-    levels = ["isobaricInhPa", "isobaricInhPa", "isobaricInhPa", "heightAboveGround"]
+    names = ["t", "t", "u", "t2m", "r"]
+    levels = ["isobaricInhPa"] * 3 + ["heightAboveGround", "isobaricInhPa"]
     for index, (name, level, expected) in enumerate(zip(names, levels, fields, strict=True)):
         message = group[f"m{index}"]
         values = message[name][...]
@@ -90,7 +90,7 @@ def test_ncdump_and_gdal_read_the_fields_as_eccodes_does(
     refs = one_set(grib_file, scanned(grib_file))
     decoded = mount(refs, "--decode", "--allow-local")
     fields = grib_fields(grib_file)
-    for index, name in ((1, "t"), (2, "u"), (3, "t2m")):
+    for index, name in ((1, "t"), (2, "u"), (3, "t2m"), (4, "r")):
         expected = fields[index]["values"].ravel()
         printed = ncdump_values(f"{decoded.mountpoint}/m{index}", name)
         assert np.array_equal(printed, expected, equal_nan=True)

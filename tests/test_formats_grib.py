@@ -132,3 +132,23 @@ def test_files_combined_with_multizarrtozarr_read_as_cfgrib_reads_them(
     assert np.array_equal(values.astype("<f4"), np.stack(expected).astype("<f4"))
     printed = ncdump_values(str(decoded.mountpoint), "t")
     assert np.array_equal(printed, values.ravel())
+
+
+def test_gribberish_decodes_the_messages_as_eccodes_does(
+    mount: Callable[..., Mounted], grib_file: Path
+) -> None:
+    pytest.importorskip("gribberish")
+    sets = scanned(grib_file)
+    refs_path = one_set(grib_file, sets)
+    refs = json.loads(refs_path.read_text())
+    for index, name in enumerate(["t", "t", "u", "t2m", "r"]):
+        meta = json.loads(refs["refs"][f"m{index}/{name}/.zarray"])
+        meta["filters"] = [{"id": "gribberish", "var": name}]
+        refs["refs"][f"gribberish{index}/.zarray"] = json.dumps(meta)
+        refs["refs"][f"gribberish{index}/0.0"] = refs["refs"][f"m{index}/{name}/0.0"]
+    refs_path.write_text(json.dumps(refs))
+    decoded = mount(refs_path, "--decode", "--allow-local")
+    group = zarr.open_group(decoded.mountpoint, mode="r", zarr_format=2)
+    for index, expected in enumerate(grib_fields(grib_file)):
+        values = group[f"gribberish{index}"][...]
+        assert np.array_equal(values, expected["values"], equal_nan=True), index

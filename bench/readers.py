@@ -44,6 +44,7 @@ by its process id and unmounted in ``finally``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -140,9 +141,18 @@ def write_refs(nc_path: Path, url: str, work: Path) -> tuple[Path, Path]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """A process's user + system CPU time so far (``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """A process's user + system CPU time so far, with its children's (``--decode``'s
+    worker processes: those running and those reaped; ``/proc/PID/stat``)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:  # a child that has just ended: counted by its parent
+        return 0.0
+    ticks = sum(int(field) for field in fields[11:15])  # utime stime cutime cstime
+    total = ticks / os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(FileNotFoundError):
+            total += sum(cpu_seconds(int(child)) for child in task.read_text().split())
+    return total
 
 
 @contextmanager

@@ -95,6 +95,10 @@ class Config:
     max_refs_size: int | None = None
     reload_interval: float | None = None
     decode: bool = False
+    #: Worker processes decoding chunks (``--decode``); None: one per CPU.
+    decode_workers: int | None = None
+    decode_deadline: float = 120.0
+    decode_memory: int = 6 << 30
     catalog: bool = False
     catalog_ttl: float = 60.0
     max_loaded_sets: int = 64
@@ -426,6 +430,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve arrays' chunks decoded (decompressed, unfiltered, little-endian, C "
         "order) and their metadata rewritten to match, for readers without the codecs "
         "(README: Decoded view)",
+    )
+    g.add_argument(
+        "--decode-workers",
+        type=whole_number(1, 256),
+        metavar="N",
+        help="worker processes that decode chunks, each isolated from the daemon "
+        "(default: one per CPU)",
+    )
+    g.add_argument(
+        "--decode-deadline",
+        type=seconds,
+        default=Config.decode_deadline,
+        metavar="S",
+        help="seconds a chunk's decoding may take before its worker is killed and the "
+        "read fails (default %(default)g)",
+    )
+    g.add_argument(
+        "--decode-memory",
+        type=parse_size,
+        default=Config.decode_memory,
+        metavar="SIZE",
+        help=f"address space of each decoding worker (default {human_size(Config.decode_memory)})",
     )
     g = p.add_argument_group("logging and life cycle")
     g.add_argument(

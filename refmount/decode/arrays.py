@@ -11,6 +11,8 @@ little-endian, C order, exactly ``prod(chunks) * itemsize`` bytes.  The rewritte
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import math
@@ -24,12 +26,14 @@ import numpy as np
 from refmount.decode.codecs import Buffer, CodecError, DecodeError, Stage, build_stage
 from refmount.decode.jsontext import dump_json, repair_document, repair_fill_value
 from refmount.decode.scalars import as_one_element
+from refmount.decode.stage import record_dtype
 
 #: The largest decoded chunk served (bytes): more is refused, not allocated.
 MAX_CHUNK_BYTES = 1 << 30
 #: Dimensions an array may have.
 MAX_RANK = 32
-#: dtypes the view serves: booleans, numbers, complex, datetimes, fixed-width strings.
+#: dtypes the view serves: booleans, numbers, complex, datetimes, fixed-width strings;
+#: and records of plain fields (:func:`refmount.decode.stage.record_dtype`).
 _DTYPE = re.compile(r"[<>|=](b1|[iu][1248]|f[248]|c(8|16)|[mM]8(\[\d*[a-zA-Z]+\])?|S\d+|U\d+)")
 
 
@@ -54,6 +58,8 @@ class ChunkDecoder:
     stages: tuple[Stage, ...]  # in decoding order
     sizes: tuple[int, ...]  # each stage's output size
     error: str | None = None
+    #: What :func:`chunk_decoder` builds this from: the parameters of a decode job.
+    spec: dict[str, Any] | None = None
 
     @property
     def max_raw_size(self) -> int:
@@ -76,8 +82,8 @@ class ChunkDecoder:
 
     def _normalised(self, data: Buffer) -> bytes:
         """Little-endian, C order."""
-        little = self.dtype.newbyteorder("<") if self.dtype.byteorder == ">" else self.dtype
-        if little is self.dtype and self.order == "C":
+        little = little_endian(self.dtype)
+        if little == self.dtype and self.order == "C":
             return data if type(data) is bytes else bytes(data)
         values = np.frombuffer(data, dtype=self.dtype).reshape(self.chunks, order=self.order)
         return np.ascontiguousarray(values.astype(little, copy=False)).tobytes()
@@ -115,18 +121,54 @@ class Array:
 
 def _rewrite(meta: dict[str, Any], dtype: np.dtype) -> bytes:
     meta = as_one_element(meta) if meta["shape"] == [] else dict(meta)
+    fill_value = meta.get("fill_value")
+    if dtype.names is not None:
+        fill_value = _little_record_fill(fill_value, dtype)
     meta.update(
-        dtype=_little(dtype),
+        dtype=dtype_json(little_endian(dtype)),
         order="C",
         compressor=None,
         filters=None,
-        fill_value=repair_fill_value(meta.get("fill_value")),
+        fill_value=repair_fill_value(fill_value),
     )
     return dump_json(repair_document(meta, ".zarray"))
 
 
-def _little(dtype: np.dtype) -> str:
-    return dtype.newbyteorder("<").str if dtype.byteorder == ">" else dtype.str
+def little_endian(dtype: np.dtype) -> np.dtype:
+    """``dtype`` with every big-endian part little-endian (records field by field)."""
+    if dtype.names is not None:
+        return np.dtype([(name, little_endian(dtype[name])) for name in dtype.names])
+    if dtype.subdtype is not None:
+        base, shape = dtype.subdtype
+        return np.dtype((little_endian(base), shape))
+    return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
+
+
+def dtype_json(dtype: np.dtype) -> str | list[list[Any]]:
+    """A dtype as a ``.zarray`` writes it: its string, or a record's list of fields."""
+    if dtype.names is None:
+        return dtype.str
+    return [
+        [name, *map(_field_json, dtype[name].subdtype or (dtype[name],))] for name in dtype.names
+    ]
+
+
+def _field_json(part: Any) -> Any:
+    return part.str if isinstance(part, np.dtype) else list(part)
+
+
+def _little_record_fill(value: Any, dtype: np.dtype) -> Any:
+    """A record's fill value (base64 of its bytes) in the little-endian layout."""
+    if not isinstance(value, str):
+        return value
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except binascii.Error:
+        return None
+    if len(raw) != dtype.itemsize:
+        return None
+    record = np.frombuffer(raw, dtype=dtype).astype(little_endian(dtype))
+    return base64.b64encode(record.tobytes()).decode()
 
 
 def parse_zarray(text: bytes) -> Array:
@@ -169,6 +211,11 @@ def _dims(value: Any) -> bool:
 
 
 def _dtype(value: Any) -> np.dtype:
+    if isinstance(value, list):  # a record: fields of plain types (FITS tables)
+        try:
+            return record_dtype(value, "dtype")
+        except CodecError as exc:
+            raise ArrayRefused(str(exc)) from None
     if value == "|O":
         raise ArrayRefused("variable-length values (dtype |O) have no fixed-size decoding")
     if not isinstance(value, str) or not _DTYPE.fullmatch(value):
@@ -182,11 +229,30 @@ def _dtype(value: Any) -> np.dtype:
 def _decoder(
     meta: Mapping[str, Any], chunks: tuple[int, ...], dtype: np.dtype, order: str, size: int
 ) -> ChunkDecoder:
-    compressor, filters = meta.get("compressor"), meta.get("filters") or []
+    spec = {
+        "compressor": meta.get("compressor"),
+        "filters": meta.get("filters") or [],
+        "dtype": dtype_json(dtype),
+        "chunks": list(chunks),
+        "order": order,
+    }
+    return chunk_decoder(spec)
+
+
+def chunk_decoder(spec: Mapping[str, Any]) -> ChunkDecoder:
+    """The decoding a spec names (``compressor``, ``filters``, ``dtype``, ``chunks``,
+    ``order``, as checked by :func:`parse_zarray`): how the daemon makes it, and how a
+    worker process makes it again from a decode job's parameters."""
+    compressor, filters = spec["compressor"], spec["filters"]
+    chunks, order = tuple(spec["chunks"]), spec["order"]
+    listed = spec["dtype"]
+    dtype = record_dtype(listed, "dtype") if isinstance(listed, list) else np.dtype(listed)
+    size = math.prod(chunks) * dtype.itemsize
     identity = json.dumps(
-        [compressor, filters, dtype.str, chunks, order], sort_keys=True, default=str
+        [compressor, filters, dtype_json(dtype), chunks, order], sort_keys=True, default=str
     )
     key = hashlib.sha256(identity.encode()).hexdigest()[:32]
+    plain = dict(spec)
     if not isinstance(filters, list):
         return ChunkDecoder(key, size, chunks, dtype, order, (), (), f"filters {filters!r}")
     configs = [*([compressor] if compressor is not None else []), *reversed(filters)]
@@ -195,7 +261,7 @@ def _decoder(
         sizes = _stage_sizes(stages, size)
     except CodecError as exc:
         return ChunkDecoder(key, size, chunks, dtype, order, (), (), str(exc))
-    return ChunkDecoder(key, size, chunks, dtype, order, stages, sizes)
+    return ChunkDecoder(key, size, chunks, dtype, order, stages, sizes, spec=plain)
 
 
 def _stage_sizes(stages: tuple[Stage, ...], size: int) -> tuple[int, ...]:
@@ -211,4 +277,4 @@ def _stage_sizes(stages: tuple[Stage, ...], size: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-__all__ = ["Array", "ArrayRefused", "ChunkDecoder", "DecodeError", "parse_zarray"]
+__all__ = ["Array", "ArrayRefused", "ChunkDecoder", "DecodeError", "chunk_decoder", "parse_zarray"]

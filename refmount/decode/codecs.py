@@ -18,54 +18,26 @@ from __future__ import annotations
 
 import bz2
 import lzma
-import re
 import struct
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-Buffer = bytes | bytearray | memoryview
-
-
-class CodecError(Exception):
-    """A codec configuration refmount does not decode (unknown id, bad parameters)."""
-
-
-class DecodeError(Exception):
-    """A chunk that does not decode to exactly the bytes it must."""
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One codec's decoding.  ``decode(data, size)`` returns exactly ``size`` bytes or
-    raises :class:`DecodeError`; ``encoded_size(size)`` is the exact size of the input
-    that decodes to ``size`` bytes, or ``None`` where only the data says (compressors)."""
-
-    codec_id: str
-    decode: Callable[[Buffer, int], Buffer]
-    encoded_size: Callable[[int], int | None]
-
-
-# -- checking parameters ----------------------------------------------------------------
-
-#: Plain numeric dtypes a filter may name: bool, integers, floats, any byte order.
-_NUMERIC_DTYPE = re.compile(r"[<>|=]?(b1|[iu][1248]|f[248])")
-
-
-def numeric_dtype(value: Any, what: str) -> np.dtype:
-    if not isinstance(value, str) or not _NUMERIC_DTYPE.fullmatch(value):
-        raise CodecError(f"{what} {value!r} is not a plain numeric dtype")
-    return np.dtype(value)
-
-
-def _int(config: Mapping[str, Any], name: str, low: int, high: int, default: int | None) -> int:
-    value = config.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise CodecError(f"{config['id']}: {name} {value!r} is not an integer in [{low}, {high}]")
-    return value
+from refmount.decode import fits, grib, tiff
+from refmount.decode.stage import (
+    Buffer,
+    CodecError,
+    DecodeError,
+    Stage,
+    exact,
+    integer,
+    numeric_dtype,
+    same_size,
+    to_bytes,
+    unknown_size,
+)
 
 
 def _number(config: Mapping[str, Any], name: str) -> float:
@@ -76,12 +48,6 @@ def _number(config: Mapping[str, Any], name: str) -> float:
 
 
 # -- compressors ------------------------------------------------------------------------
-
-
-def _exact(data: Buffer, size: int, codec_id: str) -> Buffer:
-    if len(data) != size:
-        raise DecodeError(f"{codec_id} decoded {len(data)} bytes where the chunk has {size}")
-    return data
 
 
 def _streamed(make: Callable[[], Any], codec_id: str) -> Callable[[Buffer, int], Buffer]:
@@ -97,21 +63,21 @@ def _streamed(make: Callable[[], Any], codec_id: str) -> Callable[[Buffer, int],
             raise DecodeError(f"{codec_id} decodes to more than the chunk's {size} bytes")
         if not decompressor.eof:
             raise DecodeError(f"{codec_id}: the compressed stream is truncated")
-        return _exact(out, size, codec_id)
+        return exact(out, size, codec_id)
 
     return decode
 
 
 def _zlib(config: Mapping[str, Any]) -> Stage:
-    return Stage("zlib", _streamed(lambda: zlib.decompressobj(15), "zlib"), _unknown)
+    return Stage("zlib", _streamed(lambda: zlib.decompressobj(15), "zlib"), unknown_size)
 
 
 def _gzip(config: Mapping[str, Any]) -> Stage:
-    return Stage("gzip", _streamed(lambda: zlib.decompressobj(31), "gzip"), _unknown)
+    return Stage("gzip", _streamed(lambda: zlib.decompressobj(31), "gzip"), unknown_size)
 
 
 def _bz2(config: Mapping[str, Any]) -> Stage:
-    return Stage("bz2", _streamed(bz2.BZ2Decompressor, "bz2"), _unknown)
+    return Stage("bz2", _streamed(bz2.BZ2Decompressor, "bz2"), unknown_size)
 
 
 def _lzma(config: Mapping[str, Any]) -> Stage:
@@ -121,7 +87,7 @@ def _lzma(config: Mapping[str, Any]) -> Stage:
         raise CodecError(f"lzma: format {fmt!r} is not one refmount decodes (raw needs filters)")
     if config.get("filters") is not None:
         raise CodecError("lzma: custom filter chains are not decoded")
-    return Stage("lzma", _streamed(lambda: lzma.LZMADecompressor(fmt), "lzma"), _unknown)
+    return Stage("lzma", _streamed(lambda: lzma.LZMADecompressor(fmt), "lzma"), unknown_size)
 
 
 def _zstd(config: Mapping[str, Any]) -> Stage:
@@ -135,9 +101,9 @@ def _zstd(config: Mapping[str, Any]) -> Stage:
             out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
         except zstandard.ZstdError as exc:
             raise DecodeError(f"zstd: {exc}") from None
-        return _exact(out, size, "zstd")
+        return exact(out, size, "zstd")
 
-    return Stage("zstd", decode, _unknown)
+    return Stage("zstd", decode, unknown_size)
 
 
 _BLOSC_HEADER = struct.Struct("<BBBBIII")  # version, versionlz, flags, typesize, nbytes, ...
@@ -162,7 +128,7 @@ def _blosc(config: Mapping[str, Any]) -> Stage:
             raise DecodeError(f"blosc: {exc}") from None
         return out
 
-    return Stage("blosc", decode, _unknown)
+    return Stage("blosc", decode, unknown_size)
 
 
 def _lz4(config: Mapping[str, Any]) -> Stage:
@@ -181,15 +147,7 @@ def _lz4(config: Mapping[str, Any]) -> Stage:
             raise DecodeError(f"lz4: {exc}") from None
         return out
 
-    return Stage("lz4", decode, _unknown)
-
-
-def _unknown(size: int) -> int | None:
-    return None
-
-
-def _same(size: int) -> int | None:
-    return size
+    return Stage("lz4", decode, unknown_size)
 
 
 # -- filters ----------------------------------------------------------------------------
@@ -198,12 +156,12 @@ def _same(size: int) -> int | None:
 def _shuffle(config: Mapping[str, Any]) -> Stage:
     from numcodecs import Shuffle
 
-    codec = Shuffle(elementsize=_int(config, "elementsize", 1, 1 << 16, 4))
+    codec = Shuffle(elementsize=integer(config, "elementsize", 1, 1 << 16, 4))
 
     def decode(data: Buffer, size: int) -> Buffer:
-        return _exact(_to_bytes(codec.decode(_exact(data, size, "shuffle"))), size, "shuffle")
+        return exact(to_bytes(codec.decode(exact(data, size, "shuffle"))), size, "shuffle")
 
-    return Stage("shuffle", decode, _same)
+    return Stage("shuffle", decode, same_size)
 
 
 def _retyped(
@@ -217,9 +175,9 @@ def _retyped(
         return size // dtype.itemsize * astype.itemsize
 
     def decode(data: Buffer, size: int) -> Buffer:
-        _exact(data, encoded_size(size) or 0, codec_id)
+        exact(data, encoded_size(size) or 0, codec_id)
         values = np.frombuffer(data, dtype=astype)
-        return _exact(_to_bytes(convert(values).astype(dtype, copy=False)), size, codec_id)
+        return exact(to_bytes(convert(values).astype(dtype, copy=False)), size, codec_id)
 
     return Stage(codec_id, decode, encoded_size)
 
@@ -258,18 +216,18 @@ def _astype(config: Mapping[str, Any]) -> Stage:
 
 
 def _bitround(config: Mapping[str, Any]) -> Stage:
-    _int(config, "keepbits", 0, 52, None)
-    return Stage("bitround", lambda data, size: _exact(data, size, "bitround"), _same)
+    integer(config, "keepbits", 0, 52, None)
+    return Stage("bitround", lambda data, size: exact(data, size, "bitround"), same_size)
 
 
 def _packbits(config: Mapping[str, Any]) -> Stage:
     def decode(data: Buffer, size: int) -> Buffer:
-        _exact(data, 1 + -(-size // 8), "packbits")
+        exact(data, 1 + -(-size // 8), "packbits")
         padding = data[0]
         if padding != -size % 8:
             raise DecodeError(f"packbits: {padding} bits of padding for {size} values")
         bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8, offset=1))[:size]
-        return _to_bytes(bits)
+        return to_bytes(bits)
 
     return Stage("packbits", decode, lambda size: 1 + -(-size // 8))
 
@@ -287,24 +245,20 @@ def _checksum(codec_id: str, config: Mapping[str, Any]) -> Stage:
         codec = make(location=location)
 
     def decode(data: Buffer, size: int) -> Buffer:
-        _exact(data, size + 4, codec_id)
+        exact(data, size + 4, codec_id)
         try:
-            return _exact(_to_bytes(codec.decode(data)), size, codec_id)
+            return exact(to_bytes(codec.decode(data)), size, codec_id)
         except RuntimeError as exc:
             raise DecodeError(f"{codec_id}: {exc}") from None
 
     return Stage(codec_id, decode, lambda size: size + 4)
 
 
-def _to_bytes(values: Any) -> Buffer:
-    array = np.ascontiguousarray(values)
-    return memoryview(array).cast("B") if array.ndim else array.tobytes()
-
-
-#: Codec id -> its builder.  Left out on purpose: ``pickle``, ``json2``, ``msgpack2``,
-#: ``categorize``, ``vlen-*`` (output sized by the data, or code run by decoding),
-#: ``base64`` (its encoded size is not exact), ``zfpy``/``pcodec`` (not installed with
-#: numcodecs) and every id that only an installed package's entry point defines.
+#: Codec id -> its builder: numcodecs' here, GRIB, TIFF and FITS in their modules.
+#: Left out on purpose: ``pickle``, ``json2``, ``msgpack2``, ``categorize``, ``vlen-*``
+#: (output sized by the data, or code run by decoding), ``base64`` (its encoded size is
+#: not exact), ``zfpy``/``pcodec`` (not installed with numcodecs), ``FITSVarBintable``
+#: (Python objects) and every id that only an installed package's entry point defines.
 BUILDERS: dict[str, Callable[[Mapping[str, Any]], Stage]] = {
     "zlib": _zlib,
     "gzip": _gzip,
@@ -323,6 +277,11 @@ BUILDERS: dict[str, Callable[[Mapping[str, Any]], Stage]] = {
     "fletcher32": lambda config: _checksum("fletcher32", config),
     "crc32": lambda config: _checksum("crc32", config),
     "adler32": lambda config: _checksum("adler32", config),
+    # tifffile and kerchunk.tiff write numcodecs' zlib; imagecodecs' own ids also decode
+    # with the checked streaming decoders above.
+    **grib.BUILDERS,
+    **tiff.BUILDERS,
+    **fits.BUILDERS,
 }
 
 
@@ -334,3 +293,6 @@ def build_stage(config: Any) -> Stage:
     if builder is None:
         raise CodecError(f"codec {config['id']!r} is not one refmount decodes")
     return builder(config)
+
+
+__all__ = ["BUILDERS", "Buffer", "CodecError", "DecodeError", "Stage", "build_stage"]

@@ -1,5 +1,5 @@
 """Reading decoded chunks: raw bytes through the block cache, decoded in a bounded pool
-of worker threads, kept under the block cache's memory budget.
+of worker processes (or threads), kept under the block cache's memory budget.
 
 What :class:`refmount.fuse_ops.Operations` calls ``cache``: ``read_buffer`` of an
 ordinary URL goes to the :class:`BlockCache` as it is; of a decoded chunk's URL
@@ -15,8 +15,11 @@ reader and kept
 outside the budget until the next such chunk (one at most: read in pieces, it is decoded
 once).
 
-Decoding runs in worker threads (zlib, zstd, blosc and lz4 release the GIL), at most
-``workers`` at a time, so listings and cached reads go on meanwhile.  A chunk that does
+Decoding is a ``decode`` job (:mod:`refmount.decode.chunkjob`) given to a
+:class:`~refmount.workers.JobRunner`: the daemon's worker processes, where a decoder that
+crashes, hangs or allocates without bound costs one chunk (EIO), not the mount; in tests
+and in-process benches, threads of this process.  Listings and cached reads go on
+meanwhile.  A chunk that does
 not decode to its exact size, or whose array's codecs refmount does not decode, is a
 ``FetchError`` (EIO) naming the array: raw bytes are never served as decoded.
 """
@@ -34,9 +37,11 @@ import trio
 from refmount.cache import BlockCache, Part
 from refmount.cache.parts import State
 from refmount.decode.arrays import ChunkDecoder, DecodeError
+from refmount.decode.codecs import Buffer
 from refmount.decode.view import SCHEME, DecodedRefSet
 from refmount.errors import FetchError
 from refmount.refs.model import Checksum, Ref, RefSet
+from refmount.workers import InProcessRunner, JobFailed, JobRunner
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +58,9 @@ ChunkKey = tuple[str, Ref]
 class DecodedReads:
     """Reads through ``blocks``, decoding the chunks of decoded views it made."""
 
-    def __init__(self, blocks: BlockCache, *, workers: int | None = None) -> None:
+    def __init__(self, blocks: BlockCache, runner: JobRunner | None = None) -> None:
         self.blocks = blocks
-        self.workers = workers or max(1, os.cpu_count() or 1)
+        self.runner = runner or InProcessRunner(max(1, os.cpu_count() or 1))
         self._limiter: trio.CapacityLimiter | None = None
         self._views: weakref.WeakValueDictionary[int, DecodedRefSet] = weakref.WeakValueDictionary()
         self._serials = itertools.count()
@@ -75,7 +80,7 @@ class DecodedReads:
         return view
 
     def stats(self) -> dict[str, int]:
-        return {**self.blocks.stats(), **self._counters}
+        return {**self.blocks.stats(), **self._counters, **self.runner.stats()}
 
     async def read_buffer(
         self,
@@ -142,13 +147,18 @@ class DecodedReads:
         self._counters["decoded_bytes"] += len(data)
         return part
 
-    async def _decode(self, array: str, source: Ref, decoder: ChunkDecoder) -> bytes:
+    async def _decode(self, array: str, source: Ref, decoder: ChunkDecoder) -> Buffer:
         raw = await self._raw(array, source, decoder)
-        if self._limiter is None:
-            self._limiter = trio.CapacityLimiter(self.workers)
+        if decoder.spec is None or not decoder.stages:  # stored as it is: its size, order
+            if self._limiter is None:
+                self._limiter = trio.CapacityLimiter(max(1, os.cpu_count() or 1))
+            try:
+                return await trio.to_thread.run_sync(decoder.decode, raw, limiter=self._limiter)
+            except DecodeError as exc:
+                raise FetchError(f"array {array or '/'!r}: {exc}") from None
         try:
-            return await trio.to_thread.run_sync(decoder.decode, raw, limiter=self._limiter)
-        except (DecodeError, ValueError, RuntimeError, TypeError) as exc:
+            return await self.runner.submit("decode", decoder.spec, raw, decoder.size)
+        except JobFailed as exc:
             raise FetchError(f"array {array or '/'!r}: a chunk does not decode: {exc}") from None
 
     async def _raw(self, array: str, source: Ref, decoder: ChunkDecoder) -> bytes | memoryview:

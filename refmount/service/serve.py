@@ -35,6 +35,7 @@ from refmount.service.progress import LoadProgress
 from refmount.service.reload import Reloader, refs_signature
 from refmount.tree import Owner, Tree
 from refmount.tuning import log_fuse_features, tune_kernel
+from refmount.workers import PoolConfig, WorkerPool
 
 if TYPE_CHECKING:
     from refmount.decode import DecodedReads
@@ -82,6 +83,8 @@ class Daemon:
     disk: DiskCache | None = None
     #: What the store said of REFS before it was loaded (``--reload-interval`` only).
     signature: tuple[str, ...] | None = None
+    #: The worker processes decoding chunks (``--decode``).
+    workers: WorkerPool | None = None
 
     @classmethod
     def load(cls, config: Config) -> Daemon:
@@ -94,14 +97,23 @@ class Daemon:
         fetcher = _fetcher(config)
         fetcher.confine_flat_options(refset.target_urls())
         cache, disk = _block_cache(config, fetcher, refset.url_extent)
-        reads, view = _reads(config, cache)
+        reads, view, workers = _reads(config, cache)
         owner = Owner(config.uid, config.gid, config.umask)
         tree = Tree(view(refset), owner, fetcher.size, fetcher.known_size)
         operations = Operations(tree, reads, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
         state = _mount_state(config, fetcher, reads, lambda: _key_count(operations.tree.refset))
         control = _serve_state(operations, state, config)
         load = lambda config: view(load_refset(config))  # noqa: E731
-        return cls(config, operations, cache, control, load, disk=disk, signature=signature)
+        return cls(
+            config,
+            operations,
+            cache,
+            control,
+            load,
+            disk=disk,
+            signature=signature,
+            workers=workers,
+        )
 
     @classmethod
     def load_catalog(cls, config: Config) -> Daemon:
@@ -115,13 +127,13 @@ class Daemon:
             config, fetcher, owner, lambda config: view(load_refset(config))
         )
         cache, disk = _block_cache(config, fetcher, catalog.url_extent)
-        reads, view = _reads(config, cache)
+        reads, view, workers = _reads(config, cache)
         operations = Operations(tree, reads, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
         catalog.kernel = operations
         state = _mount_state(config, fetcher, reads, catalog.key_count, catalog.status)
         catalog.record = state.record_reload
         control = _serve_state(operations, state, config)
-        return cls(config, operations, cache, control, catalog=catalog, disk=disk)
+        return cls(config, operations, cache, control, catalog=catalog, disk=disk, workers=workers)
 
     def run(self, ready: Callable[[], None], on_error: Callable[[str], None] | None) -> int:
         mountpoint = self.config.mountpoint
@@ -166,6 +178,8 @@ class Daemon:
             self.cache.fetcher.close()
             if self.disk is not None:
                 self.disk.close()
+            if self.workers is not None:
+                self.workers.close()
             log.info("unmounted %s", mountpoint)
 
     async def _main(self, ready: Callable[[], None]) -> None:
@@ -185,6 +199,8 @@ class Daemon:
             reload = reloader.request if self.catalog is None else self.catalog.request_refresh
             nursery.start_soon(self._on_signals, nursery.cancel_scope, reload)
             nursery.start_soon(self._announce_when_ready, ready)
+            if self.workers is not None:
+                nursery.start_soon(self.workers.warm_up)
             if self.catalog is not None:
                 await nursery.start(self.catalog.run)
             else:
@@ -288,15 +304,23 @@ def load_refset(config: Config, progress: Callable[[str, int, int], None] | None
 
 def _reads(
     config: Config, cache: BlockCache
-) -> tuple[BlockCache | DecodedReads, Callable[[RefSet], RefSet]]:
+) -> tuple[BlockCache | DecodedReads, Callable[[RefSet], RefSet], WorkerPool | None]:
     """What reads serve, and what a loaded set is presented as: the raw set through the
-    block cache, or with ``--decode`` its decoded view through a decoder on top of it."""
+    block cache, or with ``--decode`` its decoded view through a decoder on top of it,
+    decoding in the daemon's worker processes."""
     if not config.decode:
-        return cache, lambda refset: refset
+        return cache, lambda refset: refset, None
     from refmount.decode import DecodedReads  # numpy and numcodecs: only when asked
 
-    decoded = DecodedReads(cache)
-    return decoded, decoded.view
+    workers = decode_workers(config)
+    decoded = DecodedReads(cache, workers)
+    return decoded, decoded.view, workers
+
+
+def decode_workers(config: Config) -> WorkerPool:
+    """The daemon's worker processes that decode chunks (started on first use)."""
+    workers = config.decode_workers or max(1, os.cpu_count() or 1)
+    return WorkerPool(PoolConfig(workers, config.decode_deadline, config.decode_memory))
 
 
 def _mount_state(

@@ -164,6 +164,8 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
     rows += _catalog_rows(status.get("catalog"))
     if "disk_hits" in cache:
         rows += _disk_rows(cache)
+    if "worker_starts" in cache:
+        rows += _worker_rows(cache)
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -184,6 +186,22 @@ def _catalog_rows(catalog: dict[str, Any] | None) -> list[tuple[str, str]]:
     for name, error in sorted(catalog.get("errors", {}).items()):
         rows.append(("load error", f"{name}: {error}"))
     return rows
+
+
+def _worker_rows(cache: dict[str, Any]) -> list[tuple[str, str]]:
+    """The decoding worker processes (``--decode``)."""
+    return [
+        (
+            "decode workers",
+            f"{cache.get('workers', 0):,} running ({cache.get('workers_busy', 0):,} busy), "
+            f"{cache.get('worker_starts', 0):,} started, {cache.get('worker_deaths', 0):,} "
+            "killed or died",
+        ),
+        (
+            "decode jobs",
+            f"{cache.get('worker_jobs', 0):,}, {cache.get('worker_job_errors', 0):,} failed",
+        ),
+    ]
 
 
 def _disk_rows(cache: dict[str, Any]) -> list[tuple[str, str]]:

@@ -1,0 +1,287 @@
+"""The daemon's worker processes: bounded in number, started on first use, each job
+with a deadline, each worker with a memory limit; a worker that dies, hangs or breaks
+the protocol is killed and its job fails, and the next job starts a new one.
+
+Workers are started from the trio thread itself (``subprocess.Popen`` execs at once; the
+start-up happens in the child): ``PR_SET_PDEATHSIG`` fires when the *thread* that
+started a child ends, and trio's worker threads end when idle.  The daemon is
+multi-threaded, so a worker is a fresh interpreter (fork then exec), never a fork of it.
+All waiting on a worker is trio's (non-blocking pipes), so the serving thread never
+blocks on one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from refmount.workers.jobs import Buffer, JobFailed
+from refmount.workers.protocol import (
+    FAILED,
+    MAX_MESSAGE,
+    OK,
+    READY,
+    REPLY,
+    REPLY_MAGIC,
+    REQUEST,
+    REQUEST_MAGIC,
+)
+
+log = logging.getLogger(__name__)
+
+#: Environment of a worker: one thread per numerical library, it runs one job at a time.
+_WORKER_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "BLOSC_NTHREADS": "1"}
+#: Bytes a pipe to or from a worker holds (Linux allows unprivileged users 1 MiB).
+_PIPE_SIZE = 1 << 20
+#: Seconds a new worker may take to start (an interpreter and its job's libraries).
+_START_DEADLINE = 60.0
+#: Seconds a killed worker is waited for before it is left to be reaped later.
+_REAP_WAIT = 5.0
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    #: Worker processes at most (jobs beyond wait for one).
+    workers: int
+    #: Seconds a job may take, its payload sent and its reply read, before its worker
+    #: is killed.
+    deadline: float = 120.0
+    #: Address space of a worker (``RLIMIT_AS``), bytes; 0: no limit.
+    memory_limit: int = 6 << 30
+
+
+class _Worker:
+    """One worker process and the daemon's ends of its pipes."""
+
+    def __init__(self, memory_limit: int) -> None:
+        to_child, requests = os.pipe2(os.O_CLOEXEC)
+        replies, from_child = os.pipe2(os.O_CLOEXEC)
+        try:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "refmount.workers.child",
+                    str(os.getpid()),
+                    str(memory_limit),
+                ],
+                stdin=to_child,
+                stdout=from_child,
+                env={**os.environ, **_WORKER_ENVIRONMENT},
+                close_fds=True,
+            )
+        except BaseException:
+            for fd in (to_child, requests, replies, from_child):
+                os.close(fd)
+            raise
+        os.close(to_child)
+        os.close(from_child)
+        for fd in (requests, replies):  # fewer wake-ups per chunk than 64 KiB pipes
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+        self.requests = trio.lowlevel.FdStream(requests)
+        self.replies = trio.lowlevel.FdStream(replies)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def started(self) -> None:
+        """Wait for the worker to say it is ready (its imports done)."""
+        if await self._receive(len(READY)) != READY:
+            raise _Broken("it did not start")
+
+    async def call(self, header: bytes, payload: Buffer, size: int) -> tuple[int, bytearray]:
+        """Send one request, read its reply: (status, body)."""
+        await self.requests.send_all(REQUEST.pack(REQUEST_MAGIC, len(header), len(payload), size))
+        await self.requests.send_all(header)
+        if len(payload):
+            await self.requests.send_all(payload)
+        magic, status, length = REPLY.unpack(await self._receive(REPLY.size))
+        if magic != REPLY_MAGIC or status not in (OK, FAILED):
+            raise _Broken("a reply it does not understand")
+        if status == OK and length != size:
+            raise _Broken(f"{length} bytes where the job promised {size}")
+        if status == FAILED and length > MAX_MESSAGE:
+            raise _Broken(f"a failure message of {length} bytes")
+        return status, await self._receive(length)
+
+    async def _receive(self, size: int) -> bytearray:
+        buffer = bytearray(size)
+        view, done = memoryview(buffer), 0
+        while done < size:
+            chunk = await self.replies.receive_some(min(size - done, 1 << 20))
+            if not chunk:
+                raise _Broken("its end of the pipe closed")
+            view[done : done + len(chunk)] = chunk
+            done += len(chunk)
+        return buffer
+
+    async def kill(self) -> None:
+        """Kill the process (by its own pid) and reap it, waiting in trio's way."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.requests.close()
+        self.replies.close()
+        with trio.CancelScope(shield=True), trio.move_on_after(_REAP_WAIT):
+            while self.process.poll() is None:
+                await trio.sleep(0.005)
+
+    def ended(self) -> str:
+        code = self.process.poll()
+        if code is None:
+            return "still running"
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exited with status {code}"
+
+
+class _Broken(Exception):
+    """The worker died or broke the protocol mid-job."""
+
+
+class WorkerPool:
+    """At most ``config.workers`` worker processes, started by :meth:`warm_up` or when
+    jobs need them."""
+
+    def __init__(self, config: PoolConfig) -> None:
+        self.config = config
+        self._slots = trio.Semaphore(config.workers)
+        self._idle: list[_Worker] = []
+        self._all: set[_Worker] = set()
+        #: Killed, not yet reaped.
+        self._dying: set[_Worker] = set()
+        self._closed = False
+        self._counters = dict.fromkeys(
+            (
+                "worker_starts",
+                "worker_deaths",
+                "worker_jobs",
+                "worker_job_errors",
+                "workers_busy",
+            ),
+            0,
+        )
+
+    def stats(self) -> dict[str, int]:
+        return {"workers": len(self._all), **self._counters}
+
+    def pids(self) -> list[int]:
+        return sorted(worker.pid for worker in self._all)
+
+    async def submit(
+        self, kind: str, params: Mapping[str, Any], payload: Buffer, size: int
+    ) -> Buffer:
+        if self._closed:
+            raise JobFailed("the worker pool is closed")
+        header = json.dumps({"kind": kind, "params": params}).encode()
+        async with self._slots:
+            self._reap()
+            worker = await self._idle_worker() or await self._start()
+            self._counters["worker_jobs"] += 1
+            self._counters["workers_busy"] += 1
+            try:
+                status, body = await self._call(worker, kind, header, payload, size)
+            finally:
+                self._counters["workers_busy"] -= 1
+        if status == FAILED:
+            self._counters["worker_job_errors"] += 1
+            raise JobFailed(body.decode(errors="replace"))
+        return body
+
+    async def _call(
+        self, worker: _Worker, kind: str, header: bytes, payload: Buffer, size: int
+    ) -> tuple[int, bytearray]:
+        """The job's reply; a worker that dies, hangs past the deadline or breaks the
+        protocol (or a job cancelled mid-way) is killed and the job fails."""
+        failure = "was cancelled"
+        try:
+            with trio.move_on_after(self.config.deadline):
+                reply = await worker.call(header, payload, size)
+                if not self._closed:
+                    self._idle.append(worker)
+                return reply
+            failure = f"did not finish within {self.config.deadline:g} s"
+        except (_Broken, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            failure = f"lost its worker: {exc}"
+        finally:
+            if worker not in self._idle:
+                await self._discard(worker)
+        raise JobFailed(f"a {kind} job {failure} (worker {worker.pid} {worker.ended()})")
+
+    async def warm_up(self) -> None:
+        """Start every worker now (the daemon does at mount), so that the first reads do
+        not wait for interpreters to start.  Jobs meanwhile take the first one ready."""
+
+        async def start_one() -> None:
+            async with self._slots:
+                if len(self._all) < self.config.workers and not self._closed:
+                    with contextlib.suppress(JobFailed):  # the next job starts another
+                        self._idle.append(await self._start())
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(self.config.workers):
+                nursery.start_soon(start_one)
+
+    async def _idle_worker(self) -> _Worker | None:
+        """An idle worker still alive (one killed while idle, say by the OOM killer, is
+        replaced rather than failing a job)."""
+        while self._idle:
+            worker = self._idle.pop()
+            if worker.process.poll() is None:
+                return worker
+            await self._discard(worker, failed_job=False)
+        return None
+
+    async def _start(self) -> _Worker:
+        worker = _Worker(self.config.memory_limit)
+        self._all.add(worker)
+        self._counters["worker_starts"] += 1
+        try:
+            with trio.fail_after(_START_DEADLINE):
+                await worker.started()
+        except (trio.TooSlowError, _Broken, trio.BrokenResourceError, OSError) as exc:
+            await self._discard(worker)
+            raise JobFailed(f"a worker did not start ({worker.ended()}): {exc!r}") from None
+        except BaseException:
+            await self._discard(worker)
+            raise
+        log.debug("started worker %d", worker.pid)
+        return worker
+
+    async def _discard(self, worker: _Worker, *, failed_job: bool = True) -> None:
+        self._all.discard(worker)
+        self._dying.add(worker)
+        await worker.kill()
+        self._reap()
+        self._counters["worker_deaths"] += 1
+        self._counters["worker_job_errors"] += failed_job
+        log.warning("worker %d %s; a new one replaces it", worker.pid, worker.ended())
+
+    def _reap(self) -> None:
+        """Forget killed workers that have been reaped."""
+        self._dying = {worker for worker in self._dying if worker.process.poll() is None}
+
+    def close(self) -> None:
+        """Kill every worker and reap it (at unmount).  Jobs submitted later fail."""
+        self._closed = True
+        for worker in [*self._all, *self._dying]:
+            if worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGKILL)
+        for worker in [*self._all, *self._dying]:
+            worker.process.wait()
+        # Dropping the last reference closes the pipes (FdStream.close needs trio).
+        self._all.clear()
+        self._dying.clear()
+        self._idle.clear()

@@ -24,6 +24,7 @@ import fsspec.core
 import pyfuse3
 import trio
 
+from refmount import icechunk
 from refmount.cache import BlockCache
 from refmount.fuse_ops import Operations
 from refmount.options import Config
@@ -45,7 +46,13 @@ def monotonic_usec() -> int:
 
 def refs_signature(config: Config) -> tuple[str, ...]:
     """What the store cheaply says about REFS (ETag, modification time, size): a change
-    means the set changed.  A Parquet directory is looked at through its .zmetadata."""
+    means the set changed.  A Parquet directory is looked at through its .zmetadata, an
+    Icechunk repository through the head of the branch it follows."""
+    if config.icechunk:
+        return icechunk.signature(
+            config.refs, config.refs_options,
+            branch=config.branch, tag=config.tag, snapshot=config.snapshot,
+        )  # fmt: skip
     fs, path = fsspec.core.url_to_fs(config.refs, **config.refs_options)
     info = fs.info(path)
     if info.get("type") == "directory":

@@ -7,6 +7,7 @@ goes to the caller, the mount is taken down, and the daemon exits with status 1.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ from refmount.catalog.catalog import Catalog
 from refmount.catalog.serving import open_catalog
 from refmount.fetch import Fetcher, FetchPolicy
 from refmount.fuse_ops import Operations
+from refmount.icechunk import is_repository, open_repository
 from refmount.options import Config
 from refmount.redaction import Scrubber, display_url, shown
 from refmount.refs import RefSet, open_refset
@@ -85,8 +87,21 @@ class Daemon:
 
     @classmethod
     def load(cls, config: Config) -> Daemon:
+        if (
+            not config.icechunk
+            and not config.catalog
+            and is_repository(config.refs, config.refs_options)
+        ):
+            config = dataclasses.replace(config, icechunk=True)
+        if config.icechunk:
+            return cls.load_one(config)
         if config.catalog or is_catalog(config.refs, config.refs_options, config.timeout):
             return cls.load_catalog(config)
+        return cls.load_one(config)
+
+    @classmethod
+    def load_one(cls, config: Config) -> Daemon:
+        """REFS is one reference set (or one Icechunk repository)."""
         notify("STATUS=loading the reference set")
         signature = _signature_before_load(config)
         with LoadProgress.for_command(config.refs) as progress:
@@ -271,6 +286,17 @@ def open_disk_cache(config: Config) -> DiskCache | None:
 
 def load_refset(config: Config, progress: Callable[[str, int, int], None] | None = None) -> RefSet:
     """Read REFS with the configured options and bounds (raises RefsError)."""
+    if config.icechunk:
+        return open_repository(
+            config.refs,
+            options=config.refs_options,
+            branch=config.branch,
+            tag=config.tag,
+            snapshot=config.snapshot,
+            containers=config.containers,
+            allow_local=config.allow_local,
+            timeout=config.timeout,
+        )
     options: dict[str, Any] = {}
     if config.max_refs_size is not None:
         options["max_refs_bytes"] = config.max_refs_size

@@ -1,0 +1,157 @@
+"""One array's chunk references, held as a few compact columns sorted by chunk index.
+
+Built from icechunk's columnar batches (``array_chunk_iterator``): no Python object per
+chunk is kept.  A row is one chunk that exists; ``kinds`` says where its bytes are:
+``NATIVE`` (an object ``chunks/<id>`` of the repository), ``VIRTUAL`` (a range of a URL)
+or ``INLINE`` (bytes held in the manifest).  ``location`` indexes ``paths`` (chunk ids
+and URLs, each distinct one once) for the first two and ``inline`` for the last.
+
+The array's node id and manifest ids are kept with it, and :meth:`rows_of` finds rows by
+chunk coordinates, so that a per-chunk column read elsewhere from the same manifests (a
+virtual chunk's checksum) can be joined in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+NATIVE, VIRTUAL, INLINE = 1, 2, 3
+#: One batch of ``array_chunk_iterator``: coordinates, kinds, paths, offsets, lengths,
+#: and the inline bytes by row.
+Batch = tuple[np.ndarray, np.ndarray, list[str], np.ndarray, np.ndarray, dict[int, bytes]]
+
+
+class ManifestError(ValueError):
+    """A manifest whose references cannot be used; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class ArrayIndex:
+    node_id: str
+    manifest_ids: tuple[str, ...]
+    grid: tuple[int, ...]
+    indices: np.ndarray  # int64, sorted, distinct: chunk indices in C order
+    kinds: np.ndarray  # uint8
+    location: np.ndarray  # int32: into paths, or into inline for INLINE rows
+    offsets: np.ndarray  # uint64
+    lengths: np.ndarray  # uint64
+    paths: pa.Array  # string
+    inline: pa.Array  # binary
+
+    @classmethod
+    def build(
+        cls,
+        batches: Iterable[Batch],
+        grid: tuple[int, ...],
+        *,
+        node_id: str = "",
+        manifest_ids: tuple[str, ...] = (),
+    ) -> ArrayIndex:
+        """The index of the chunks in ``batches``; ManifestError for coordinates outside
+        the grid, an unknown kind, or a chunk listed twice."""
+        coords, kinds, paths, offsets, lengths, inline = [], [], [], [], [], []
+        rows = 0
+        for coord, kind, path, offset, length, inlined in batches:
+            count = len(kind)
+            if coord.shape != (count, len(grid)) or len(path) != count:
+                raise ManifestError(f"a batch of {count} references is malformed")
+            coords.append(np.asarray(coord, np.int64))
+            kinds.append(np.asarray(kind, np.uint8))
+            paths.append(pa.array(path, pa.string()))
+            offsets.append(np.asarray(offset, np.uint64))
+            lengths.append(np.asarray(length, np.uint64))
+            inline.extend((rows + row, data) for row, data in inlined.items())
+            rows += count
+        cat = np.concatenate
+        all_coords = cat(coords) if coords else np.zeros((0, len(grid)), np.int64)
+        kind = cat(kinds) if kinds else np.zeros(0, np.uint8)
+        if not np.isin(kind, (NATIVE, VIRTUAL, INLINE)).all():
+            raise ManifestError(f"unknown chunk kind(s) {sorted(set(kind.tolist()) - {1, 2, 3})}")
+        indices = _linear(all_coords, grid)
+        order = np.argsort(indices, kind="stable")
+        indices = indices[order]
+        if len(indices) > 1 and (np.diff(indices) == 0).any():
+            raise ManifestError("a chunk is listed twice")
+        location = np.full(rows, -1, np.int32)
+        path_column = pa.chunked_array(paths, pa.string()).combine_chunks()
+        encoded = pc.dictionary_encode(path_column)
+        location[:] = np.asarray(encoded.indices, np.int32)
+        inline_rows = np.array([row for row, _ in inline], np.int64)
+        if (kind[inline_rows] != INLINE).any() or (kind == INLINE).sum() != len(inline_rows):
+            raise ManifestError("inline bytes do not match the inline chunks")
+        location[inline_rows] = np.arange(len(inline_rows), dtype=np.int32)
+        return cls(
+            node_id=node_id,
+            manifest_ids=manifest_ids,
+            grid=grid,
+            indices=indices,
+            kinds=kind[order],
+            location=location[order],
+            offsets=cat(offsets)[order] if offsets else np.zeros(0, np.uint64),
+            lengths=cat(lengths)[order] if lengths else np.zeros(0, np.uint64),
+            paths=encoded.dictionary,
+            inline=pa.array([data for _, data in inline], pa.binary()),
+        )
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @property
+    def nbytes(self) -> int:
+        columns = (self.indices, self.kinds, self.location, self.offsets, self.lengths)
+        return sum(c.nbytes for c in columns) + self.paths.nbytes + self.inline.nbytes
+
+    def row(self, index: int) -> int | None:
+        """The row of chunk ``index``, or None when the manifest does not hold it."""
+        row = int(np.searchsorted(self.indices, index))
+        return row if row < len(self.indices) and self.indices[row] == index else None
+
+    def rows_of(self, coords: np.ndarray) -> np.ndarray:
+        """The rows of chunks given by coordinates (``[n, ndim]``), -1 for chunks the
+        index does not hold."""
+        wanted = _linear(np.asarray(coords, np.int64), self.grid)
+        rows = np.searchsorted(self.indices, wanted)
+        found = rows < len(self.indices)
+        found[found] = self.indices[rows[found]] == wanted[found]
+        return np.where(found, rows, -1)
+
+    def present(self, start: int, stop: int) -> np.ndarray:
+        """The chunk indices in ``[start, stop)`` the manifest holds (int64)."""
+        lo, hi = np.searchsorted(self.indices, [start, stop])
+        return self.indices[lo:hi]
+
+    def path(self, row: int) -> str:
+        return self.paths[int(self.location[row])].as_py()
+
+    def inline_bytes(self, row: int) -> bytes:
+        return self.inline[int(self.location[row])].as_py()
+
+    def kind_counts(self) -> dict[str, int]:
+        counts = np.bincount(self.kinds, minlength=4)
+        return {"native": int(counts[NATIVE]), "virtual": int(counts[VIRTUAL]),
+                "inline": int(counts[INLINE])}  # fmt: skip
+
+    def virtual_paths(self) -> list[Any]:
+        """The distinct URLs the virtual chunks point at."""
+        used = np.unique(self.location[self.kinds == VIRTUAL])
+        return [self.paths[int(i)].as_py() for i in used]
+
+
+def _linear(coords: np.ndarray, grid: tuple[int, ...]) -> np.ndarray:
+    """C-order indices of chunk coordinates; ManifestError for one outside the grid."""
+    if not len(grid):
+        if len(coords) > 1:
+            raise ManifestError("a rank-0 array with more than one chunk")
+        return np.zeros(len(coords), np.int64)
+    bounds = np.asarray(grid, np.int64)
+    if len(coords) and ((coords < 0) | (coords >= bounds)).any():
+        bad = coords[((coords < 0) | (coords >= bounds)).any(axis=1)][0].tolist()
+        raise ManifestError(f"chunk {bad} lies outside the grid {list(grid)}")
+    strides = np.array([int(np.prod(grid[d + 1 :])) for d in range(len(grid))], np.int64)
+    return coords @ strides if len(coords) else np.zeros(0, np.int64)

@@ -151,3 +151,75 @@ def read_in_process(root: Path, data: Path, **version: str) -> dict[str, np.ndar
     session = repo.readonly_session(**version)
     group = zarr.open_group(session.store, mode="r")
     return {name: array[:] for name, array in group.arrays()}
+
+
+def s3_options(endpoint: str) -> dict[str, Any]:
+    """What refmount takes (``--refs-options``, and ``--remote-options`` under ``s3``)."""
+    from tests.support.servers import S3_KEY, S3_REGION
+
+    return {
+        "endpoint_url": endpoint,
+        "key": S3_KEY,
+        "secret": S3_KEY,
+        "client_kwargs": {"region_name": S3_REGION},
+    }
+
+
+def s3_storage(endpoint: str, bucket: str, prefix: str) -> Any:
+    from tests.support.servers import S3_KEY, S3_REGION
+
+    return icechunk.s3_storage(
+        bucket=bucket, prefix=prefix, region=S3_REGION, endpoint_url=endpoint, allow_http=True,
+        force_path_style=True, access_key_id=S3_KEY, secret_access_key=S3_KEY,
+    )  # fmt: skip
+
+
+def s3_credentials() -> Any:
+    from tests.support.servers import S3_KEY
+
+    return icechunk.s3_credentials(access_key_id=S3_KEY, secret_access_key=S3_KEY)
+
+
+def build_s3_repository(endpoint: str, bucket: str, netcdf: Path) -> str:
+    """A repository at ``s3://BUCKET/repo`` whose virtual chunks are in ``netcdf``, put
+    at ``s3://BUCKET/data/a.nc`` (referenced by VirtualiZarr through S3), and a native
+    array; one commit.  Returns the repository's URL."""
+    from obstore.store import S3Store
+
+    from tests.support.servers import S3_KEY, S3_REGION
+
+    store = S3Store(
+        bucket, endpoint=endpoint, access_key_id=S3_KEY, secret_access_key=S3_KEY,
+        region=S3_REGION, client_options={"allow_http": True}, virtual_hosted_style_request=False,
+    )  # fmt: skip
+    store.put("data/a.nc", netcdf.read_bytes())
+    config = icechunk.RepositoryConfig.default()
+    store_config = icechunk.s3_store(
+        region=S3_REGION, endpoint_url=endpoint, allow_http=True, force_path_style=True
+    )
+    prefix = f"s3://{bucket}/data/"
+    config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(prefix, store_config))
+    repo = icechunk.Repository.create(s3_storage(endpoint, bucket, "repo"), config)
+    registry = ObjectStoreRegistry({f"s3://{bucket}": store})
+    vds = open_virtual_dataset(f"{prefix}a.nc", registry=registry, parser=HDFParser())
+    session = repo.writable_session("main")
+    vds.vz.to_icechunk(session.store)
+    group = zarr.open_group(session.store)
+    group.create_array(
+        "native", shape=NATIVE_SHAPE, chunks=NATIVE_CHUNKS, dtype="i4",
+        compressors=zarr.codecs.ZstdCodec(), fill_value=0, dimension_names=("row", "column"),
+    )  # fmt: skip
+    group["native"][:] = native_values(1)
+    session.commit("first")
+    return f"s3://{bucket}/repo"
+
+
+def read_s3_in_process(endpoint: str, bucket: str) -> dict[str, np.ndarray]:
+    repo = icechunk.Repository.open(
+        s3_storage(endpoint, bucket, "repo"),
+        authorize_virtual_chunk_access=icechunk.containers_credentials(
+            {f"s3://{bucket}/data/": s3_credentials()}
+        ),
+    )
+    group = zarr.open_group(repo.readonly_session("main").store, mode="r")
+    return {name: array[:] for name, array in group.arrays()}

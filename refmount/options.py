@@ -279,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="check REFS every S seconds (its ETag, mtime or size) and reload it when it "
         "changed; SIGHUP reloads at any time",
     )
-    _icechunk_options(p)
+    add_icechunk_options(p)
     g = p.add_argument_group("catalogs (REFS a directory or prefix of many sets)")
     g.add_argument(
         "--catalog",
@@ -457,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _icechunk_options(p: argparse.ArgumentParser) -> None:
+def add_icechunk_options(p: argparse.ArgumentParser) -> None:
     """Options of an Icechunk repository (:mod:`refmount.icechunk`)."""
     g = p.add_argument_group("Icechunk repositories (REFS a repository's root)")
     g.add_argument(

@@ -241,3 +241,56 @@ def test_without_the_package_one_clear_line(built: Built, tmp_path: Path) -> Non
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert "pip install 'refmount[icechunk]'" in lines[0]
+
+
+def test_check_reports_versions_kinds_and_refused_references(copy: Built, tmp_path: Path) -> None:
+    session = open_local(copy.root).writable_session("main")
+    store = session.store
+    zarr.open_group(store).create_array("stolen", shape=(10,), chunks=(10,), dtype="u1")
+    store.set_virtual_ref(
+        "stolen/c/0", (tmp_path / "x").as_uri(), offset=0, length=10, validate_container=False
+    )
+    session.commit("a reference outside the containers")
+    done = subprocess.run(
+        [*REFMOUNT, "check", str(copy.root), "--json"],
+        capture_output=True, text=True, timeout=120, env=child_env(),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert report["format"] == "Icechunk"
+    summary = report["icechunk"]
+    assert summary["branches"]["dev"] == copy.dev
+    assert summary["tags"] == {"v1": copy.first}
+    assert summary["containers"] == [copy.data.as_uri() + "/"]
+    assert summary["arrays"]["native"] == {"native": 4, "virtual": 0, "inline": 4}
+    assert summary["arrays"]["temp"] == {"native": 0, "virtual": 12, "inline": 0}
+    assert [p["kind"] for p in report["problems"]] == ["refused"]
+    assert "stolen/c/0" in report["problems"][0]["message"]
+    tagged = subprocess.run(
+        [*REFMOUNT, "check", str(copy.root), "--tag", "v1", "--json"],
+        capture_output=True, text=True, timeout=120, env=child_env(),
+    )  # fmt: skip
+    assert tagged.returncode == 0, tagged.stdout
+    assert json.loads(tagged.stdout)["icechunk"]["snapshot"] == copy.first
+
+
+def test_status_shows_the_snapshot_and_the_last_check(built: Built, mount) -> None:
+    m = mount(built.root, "--reload-interval", "0.2")
+    deadline = time.monotonic() + 60
+    while True:
+        done = subprocess.run(
+            [*REFMOUNT, "status", str(m.mountpoint), "--json"],
+            capture_output=True, text=True, timeout=60, env=child_env(),
+        )  # fmt: skip
+        status = json.loads(done.stdout)
+        if status["last_check"] is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert status["version"]["snapshot"] == built.second
+    assert status["version"]["version"] == "branch main"
+    assert status["last_check"] is not None
+    shown = subprocess.run(
+        [*REFMOUNT, "status", str(m.mountpoint)],
+        capture_output=True, text=True, timeout=60, env=child_env(),
+    )  # fmt: skip
+    assert f"{built.second} (branch main" in shown.stdout

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -136,11 +135,6 @@ class ArrayIndex:
         counts = np.bincount(self.kinds, minlength=4)
         return {"native": int(counts[NATIVE]), "virtual": int(counts[VIRTUAL]),
                 "inline": int(counts[INLINE])}  # fmt: skip
-
-    def virtual_paths(self) -> list[Any]:
-        """The distinct URLs the virtual chunks point at."""
-        used = np.unique(self.location[self.kinds == VIRTUAL])
-        return [self.paths[int(i)].as_py() for i in used]
 
 
 def _linear(coords: np.ndarray, grid: tuple[int, ...]) -> np.ndarray:

@@ -23,6 +23,7 @@ import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -296,10 +297,25 @@ class IcechunkRefSet(RefSet):
         held = sum(len(data) for data in self._meta_bytes)
         return held + sum(a.index.nbytes for a in self._arrays.values() if a.index is not None)
 
-    @property
-    def arrays(self) -> dict[str, ArrayIndex | None]:
-        """Each array's index, None for one not loaded yet."""
-        return {path: array.index for path, array in self._arrays.items()}
+    def source_version(self) -> dict[str, Any]:
+        return {
+            "snapshot": self.snapshot_id,
+            "version": self.repository.version.describe(),
+            "written": self.mtime,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """Versions, containers, and each array's chunks by kind (as far as loaded)."""
+        return {
+            **self.repository.versions(),
+            "snapshot": self.snapshot_id,
+            "version": self.repository.version.describe(),
+            "containers": self.containers.declared,
+            "arrays": {
+                path: array.index.kind_counts() if array.index is not None else {}
+                for path, array in self._arrays.items()
+            },
+        }
 
     def close(self) -> None:
         self.repository.close()

@@ -70,11 +70,13 @@ class Reloader:
         cache: BlockCache,
         load: Callable[[Config], RefSet],
         record: Callable[..., None] = lambda *, ok, message: None,
+        checked: Callable[[], None] = lambda: None,
     ) -> None:
-        """``record(ok=..., message=...)`` hears how each reload ended (``refmount
-        status`` shows the last one)."""
+        """``record(ok=..., message=...)`` hears how each reload ended, ``checked`` of
+        each answered look at the source (``refmount status`` shows the last ones)."""
         self.config = config
         self._record = record
+        self._checked = checked
         self.operations = operations
         self.cache = cache
         self._load = load
@@ -107,6 +109,7 @@ class Reloader:
             except Exception as exc:
                 log.warning("cannot look at %s for changes: %s", shown(self.config.refs), exc)
             else:
+                self._checked()
                 if last is not None and signature != last:
                     log.info("%s changed: reloading", shown(self.config.refs))
                     self.request()

@@ -114,6 +114,7 @@ class Daemon:
         tree = Tree(view(refset), owner, fetcher.size, fetcher.known_size)
         operations = Operations(tree, reads, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
         state = _mount_state(config, fetcher, reads, lambda: _key_count(operations.tree.refset))
+        state.version = lambda: _raw(operations.tree.refset).source_version()
         control = _serve_state(operations, state, config)
         load = lambda config: view(load_refset(config))  # noqa: E731
         return cls(config, operations, cache, control, load, disk=disk, signature=signature)
@@ -190,6 +191,7 @@ class Daemon:
             self.cache,
             self.load_set,
             self.control.state.record_reload,
+            self.control.state.record_check,
         )
         async with trio.open_nursery() as nursery:
             if self.disk is not None:
@@ -389,8 +391,13 @@ def _fetcher(config: Config) -> Fetcher:
 def _key_count(refset: object) -> int | None:
     """Keys of a set held in memory; None for one loaded lazily (Parquet).  A decoded
     view counts the keys of the set it presents."""
-    refset = getattr(refset, "raw", refset)
+    refset = _raw(refset)
     return len(refset) if hasattr(refset, "__len__") else None
+
+
+def _raw(refset: Any) -> RefSet:
+    """The set a decoded view presents, or the set itself."""
+    return getattr(refset, "raw", refset)
 
 
 def _find(exc: BaseException, kind: type[StartError]) -> StartError | None:

@@ -19,6 +19,7 @@ import xarray as xr
 import zarr
 
 from tests.conftest import REFMOUNT
+from tests.data_builders import kerchunk_refs
 from tests.support.icechunk_repos import (
     FILL,
     Built,
@@ -294,3 +295,25 @@ def test_status_shows_the_snapshot_and_the_last_check(built: Built, mount) -> No
         capture_output=True, text=True, timeout=60, env=child_env(),
     )  # fmt: skip
     assert f"{built.second} (branch main" in shown.stdout
+
+
+def test_catalog_mounts_repositories_beside_reference_files(copy: Built, mount, tmp_path) -> None:
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    shutil.move(copy.root, catalog / "archive")
+    refs = kerchunk_refs(copy.netcdf, str(copy.netcdf))
+    (catalog / "plain.json").write_text(json.dumps(refs))
+    m = mount(catalog)
+    assert sorted(os.listdir(m.mountpoint)) == ["archive", "plain"]
+    in_repo = read_mount(m.mountpoint / "archive")
+    np.testing.assert_array_equal(in_repo["native"], native_values(2))
+    plain = zarr.open_group(m.mountpoint / "plain", mode="r", zarr_format=2)
+    np.testing.assert_array_equal(plain["temp"][:], in_repo["temp"])
+    session = open_local(catalog / "archive").writable_session("main")
+    write_native(session.store, 6)
+    session.commit("sixth")
+    m.process.send_signal(1)  # SIGHUP refreshes the catalog
+    deadline = time.monotonic() + 60
+    while not (read_mount(m.mountpoint / "archive")["native"] == native_values(6)).all():
+        assert time.monotonic() < deadline, m.log()
+        time.sleep(0.1)

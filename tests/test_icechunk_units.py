@@ -7,8 +7,9 @@ import pytest
 
 from refmount.errors import FetchError
 from refmount.icechunk.containers import Containers
-from refmount.icechunk.index import INLINE, NATIVE, VIRTUAL, ArrayIndex, ManifestError
+from refmount.icechunk.index import ArrayIndex
 from refmount.icechunk.keys import ChunkKeys
+from refmount.icechunk.manifest import INLINE, NATIVE, VIRTUAL, ManifestError
 
 
 @pytest.mark.parametrize(
@@ -100,3 +101,25 @@ def test_containers() -> None:
     with pytest.raises(FetchError, match="--containers"):
         narrowed.target("s3://bucket/no/x", "k")
     assert narrowed.protocols() == {"s3"}
+
+
+def test_virtual_refs_carry_the_manifest_checksums(tmp_path) -> None:
+    import trio
+
+    from refmount.icechunk import open_repository
+    from tests.support.icechunk_repos import build_repository
+
+    built = build_repository(tmp_path)
+    refset = open_repository(str(built.root), options={})
+    try:
+        file_id = trio.run(refset.find_file, "temp/c/0/0/0")
+        native_id = trio.run(refset.find_file, "native/c/0/0")
+        assert file_id is not None and native_id is not None
+        ref = refset.ref(file_id)
+        assert ref.url == str(built.netcdf)
+        assert ref.checksum is not None and ref.checksum.etag is None
+        # VirtualiZarr records "not modified after" a second past the scan
+        assert ref.checksum.last_modified >= int(built.netcdf.stat().st_mtime)
+        assert refset.ref(native_id).checksum is None
+    finally:
+        refset.close()

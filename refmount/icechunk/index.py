@@ -7,27 +7,26 @@ or ``INLINE`` (bytes held in the manifest).  ``location`` indexes ``paths`` (chu
 and URLs, each distinct one once) for the first two and ``inline`` for the last.
 
 The array's node id and manifest ids are kept with it, and :meth:`rows_of` finds rows by
-chunk coordinates, so that a per-chunk column read elsewhere from the same manifests (a
-virtual chunk's checksum) can be joined in.
+chunk coordinates, so that the checksums of virtual chunks, read from the same manifest
+files (:mod:`refmount.icechunk.manifest`), are joined in (:meth:`with_checksums`): a
+small list of distinct checksums and an int32 column indexing it (-1: none).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-NATIVE, VIRTUAL, INLINE = 1, 2, 3
+from refmount.icechunk.manifest import INLINE, NATIVE, VIRTUAL, ManifestError
+from refmount.refs.model import Checksum
+
 #: One batch of ``array_chunk_iterator``: coordinates, kinds, paths, offsets, lengths,
 #: and the inline bytes by row.
 Batch = tuple[np.ndarray, np.ndarray, list[str], np.ndarray, np.ndarray, dict[int, bytes]]
-
-
-class ManifestError(ValueError):
-    """A manifest whose references cannot be used; the message says which and why."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +41,8 @@ class ArrayIndex:
     lengths: np.ndarray  # uint64
     paths: pa.Array  # string
     inline: pa.Array  # binary
+    checksum: np.ndarray | None = None  # int32: into checksums, -1 for none
+    checksums: tuple[Checksum, ...] = ()
 
     @classmethod
     def build(
@@ -98,13 +99,37 @@ class ArrayIndex:
             inline=pa.array([data for _, data in inline], pa.binary()),
         )
 
+    def with_checksums(
+        self, parts: Iterable[tuple[np.ndarray, np.ndarray, list[Checksum]]]
+    ) -> ArrayIndex:
+        """This index with the checksums of its chunks: ``parts`` are, per manifest, the
+        coordinates of its chunks (``[n, ndim]``), the index of each one's checksum in
+        the list that follows (-1: none), and that list.  ManifestError when a manifest
+        lists a chunk with a checksum that the index does not hold."""
+        column = np.full(len(self), -1, np.int32)
+        table: list[Checksum] = []
+        for coords, which, checksums in parts:
+            has = which >= 0
+            rows = self.rows_of(coords[has]) if has.any() else np.zeros(0, np.int64)
+            if (rows < 0).any():
+                raise ManifestError("a manifest's checksums name chunks its references lack")
+            column[rows] = which[has] + len(table)
+            table.extend(checksums)
+        return replace(self, checksum=column, checksums=tuple(table))
+
+    def checksum_of(self, row: int) -> Checksum | None:
+        if self.checksum is None or (which := int(self.checksum[row])) < 0:
+            return None
+        return self.checksums[which]
+
     def __len__(self) -> int:
         return len(self.indices)
 
     @property
     def nbytes(self) -> int:
         columns = (self.indices, self.kinds, self.location, self.offsets, self.lengths)
-        return sum(c.nbytes for c in columns) + self.paths.nbytes + self.inline.nbytes
+        held = sum(c.nbytes for c in columns) + self.paths.nbytes + self.inline.nbytes
+        return held + (self.checksum.nbytes if self.checksum is not None else 0)
 
     def row(self, index: int) -> int | None:
         """The row of chunk ``index``, or None when the manifest does not hold it."""

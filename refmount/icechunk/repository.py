@@ -16,16 +16,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import fsspec.core
+import numpy as np
+
 from refmount.errors import RefsError
-from refmount.icechunk.index import ArrayIndex, Batch
+from refmount.icechunk.index import VIRTUAL, ArrayIndex, Batch
 from refmount.icechunk.location import Location, storage
 from refmount.icechunk.loop import LoopThread
+from refmount.icechunk.manifest import ManifestError, parse_manifest
 
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'refmount[icechunk]'"
 #: references asked of icechunk per batch while an array is enumerated
 BATCH = 100_000
+#: the largest manifest file read for its checksums
+MAX_MANIFEST_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ class Repository:
         self, location: Location, options: Mapping[str, Any], version: Version, timeout: float
     ) -> None:
         self.location = location
+        self.options = options
         self.version = version
         self.timeout = timeout
         icechunk = import_icechunk(location.name)
@@ -129,6 +136,7 @@ class Repository:
         """The snapshot's groups and arrays with their ``zarr.json`` bytes, and the time
         it was written (seconds since the epoch)."""
         info = self._repo.inspect_snapshot(self.snapshot_id)
+        self._manifest_sizes = {m["id"]: m.get("size_bytes") for m in info.get("manifests", ())}
         nodes = []
         for node in info["nodes"]:
             path = node["path"].strip("/")
@@ -161,7 +169,30 @@ class Repository:
             return [batch async for batch in iterator]
 
         batches = self._loop.run(collect, self.timeout, f"{node.path}: reading its manifest")
-        return ArrayIndex.build(batches, grid, node_id=node.node_id, manifest_ids=node.manifest_ids)
+        index = ArrayIndex.build(
+            batches, grid, node_id=node.node_id, manifest_ids=node.manifest_ids
+        )
+        if not (index.kinds == VIRTUAL).any():
+            return index
+        parts = []
+        for manifest_id in node.manifest_ids:
+            manifest = parse_manifest(self._manifest_bytes(manifest_id), manifest_id)
+            refs = manifest.arrays.get(node.node_id)
+            if refs is not None:
+                parts.append((refs.coords.astype(np.int64), refs.checksums, manifest.checksums))
+        return index.with_checksums(parts)
+
+    def _manifest_bytes(self, manifest_id: str) -> bytes:
+        """The file ``manifests/<id>``, as stored (at most the size the snapshot gives)."""
+        name = f"manifests/{manifest_id}"
+        size = self._manifest_sizes.get(manifest_id)
+        limit = MAX_MANIFEST_BYTES if not isinstance(size, int) else min(size, MAX_MANIFEST_BYTES)
+        fs, path = fsspec.core.url_to_fs(self.location.child(name), **self.options)
+        with fs.open(path, "rb") as file:
+            data = file.read(limit + 1)
+        if len(data) > limit:
+            raise ManifestError(f"manifest {manifest_id}: larger than {limit} bytes")
+        return data
 
     def close(self) -> None:
         self._loop.close()

@@ -29,9 +29,10 @@ import trio
 
 from refmount.errors import FetchError
 from refmount.icechunk.containers import Containers
-from refmount.icechunk.index import INLINE, NATIVE, ArrayIndex, ManifestError
+from refmount.icechunk.index import ArrayIndex
 from refmount.icechunk.keys import ChunkKeys
 from refmount.icechunk.location import Location
+from refmount.icechunk.manifest import INLINE, NATIVE, ManifestError
 from refmount.icechunk.repository import Node, Repository
 from refmount.refs.model import Child, Ref, RefSet
 
@@ -218,7 +219,12 @@ class IcechunkRefSet(RefSet):
             )
         if kind == NATIVE:
             return Ref(url=self.location.chunk_url(chunks.path(row)), offset=offset, length=length)
-        return Ref(url=self.containers.target(chunks.path(row), key), offset=offset, length=length)
+        return Ref(
+            url=self.containers.target(chunks.path(row), key),
+            offset=offset,
+            length=length,
+            checksum=chunks.checksum_of(row),
+        )
 
     def file_size(self, file_id: int) -> int | None:
         if file_id < len(self._meta_keys):

@@ -72,7 +72,7 @@ def test_index_sorted_compact_and_joinable() -> None:
     assert index.inline_bytes(0) == b"inline"
     assert index.path(1) == "CHUNKID"
     assert index.path(2) == index.path(3) == "file:///d/a.nc"
-    assert len(index.paths) == 3  # each distinct path once
+    assert len(index.paths) == 4  # each distinct path once per batch
     assert index.row(1) is None and index.row(4) == 3
     assert index.present(1, 4).tolist() == [2, 3]
     assert index.rows_of(np.array([[1, 1], [0, 1], [0, 0]])).tolist() == [3, -1, 0]

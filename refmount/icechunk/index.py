@@ -44,6 +44,11 @@ class ArrayIndex:
     checksum: np.ndarray | None = None  # int32: into checksums, -1 for none
     checksums: tuple[Checksum, ...] = ()
 
+    def __post_init__(self) -> None:
+        # memoryviews: indexing one gives a Python int, indexing NumPy a NumPy scalar
+        object.__setattr__(self, "_indices", memoryview(self.indices))
+        object.__setattr__(self, "_lengths", memoryview(self.lengths))
+
     @classmethod
     def build(
         cls,
@@ -53,51 +58,11 @@ class ArrayIndex:
         node_id: str = "",
         manifest_ids: tuple[str, ...] = (),
     ) -> ArrayIndex:
-        """The index of the chunks in ``batches``; ManifestError for coordinates outside
-        the grid, an unknown kind, or a chunk listed twice."""
-        coords, kinds, paths, offsets, lengths, inline = [], [], [], [], [], []
-        rows = 0
-        for coord, kind, path, offset, length, inlined in batches:
-            count = len(kind)
-            if coord.shape != (count, len(grid)) or len(path) != count:
-                raise ManifestError(f"a batch of {count} references is malformed")
-            coords.append(np.asarray(coord, np.int64))
-            kinds.append(np.asarray(kind, np.uint8))
-            paths.append(pa.array(path, pa.string()))
-            offsets.append(np.asarray(offset, np.uint64))
-            lengths.append(np.asarray(length, np.uint64))
-            inline.extend((rows + row, data) for row, data in inlined.items())
-            rows += count
-        cat = np.concatenate
-        all_coords = cat(coords) if coords else np.zeros((0, len(grid)), np.int64)
-        kind = cat(kinds) if kinds else np.zeros(0, np.uint8)
-        if not np.isin(kind, (NATIVE, VIRTUAL, INLINE)).all():
-            raise ManifestError(f"unknown chunk kind(s) {sorted(set(kind.tolist()) - {1, 2, 3})}")
-        indices = _linear(all_coords, grid)
-        order = np.argsort(indices, kind="stable")
-        indices = indices[order]
-        if len(indices) > 1 and (np.diff(indices) == 0).any():
-            raise ManifestError("a chunk is listed twice")
-        location = np.full(rows, -1, np.int32)
-        path_column = pa.chunked_array(paths, pa.string()).combine_chunks()
-        encoded = pc.dictionary_encode(path_column)
-        location[:] = np.asarray(encoded.indices, np.int32)
-        inline_rows = np.array([row for row, _ in inline], np.int64)
-        if (kind[inline_rows] != INLINE).any() or (kind == INLINE).sum() != len(inline_rows):
-            raise ManifestError("inline bytes do not match the inline chunks")
-        location[inline_rows] = np.arange(len(inline_rows), dtype=np.int32)
-        return cls(
-            node_id=node_id,
-            manifest_ids=manifest_ids,
-            grid=grid,
-            indices=indices,
-            kinds=kind[order],
-            location=location[order],
-            offsets=cat(offsets)[order] if offsets else np.zeros(0, np.uint64),
-            lengths=cat(lengths)[order] if lengths else np.zeros(0, np.uint64),
-            paths=encoded.dictionary,
-            inline=pa.array([data for _, data in inline], pa.binary()),
-        )
+        """The index of the chunks in ``batches`` (see :class:`IndexBuilder`)."""
+        builder = IndexBuilder(grid)
+        for batch in batches:
+            builder.add(batch)
+        return builder.finish(node_id=node_id, manifest_ids=manifest_ids)
 
     def with_checksums(
         self, parts: Iterable[tuple[np.ndarray, np.ndarray, list[Checksum]]]
@@ -131,10 +96,18 @@ class ArrayIndex:
         held = sum(c.nbytes for c in columns) + self.paths.nbytes + self.inline.nbytes
         return held + (self.checksum.nbytes if self.checksum is not None else 0)
 
-    def row(self, index: int) -> int | None:
-        """The row of chunk ``index``, or None when the manifest does not hold it."""
+    def row(self, index: int, hint: int = -1) -> int | None:
+        """The row of chunk ``index``, or None when the manifest does not hold it.
+        ``hint``: the row of the chunk asked before; a listing asks them in order, and
+        the row after it is then the answer without a search."""
+        held = self._indices  # type: ignore[attr-defined]
+        if 0 <= hint < len(held) - 1 and held[hint + 1] == index:
+            return hint + 1
         row = int(np.searchsorted(self.indices, index))
-        return row if row < len(self.indices) and self.indices[row] == index else None
+        return row if row < len(held) and held[row] == index else None
+
+    def size(self, row: int) -> int:
+        return self._lengths[row]  # type: ignore[attr-defined,no-any-return]
 
     def rows_of(self, coords: np.ndarray) -> np.ndarray:
         """The rows of chunks given by coordinates (``[n, ndim]``), -1 for chunks the
@@ -160,6 +133,77 @@ class ArrayIndex:
         counts = np.bincount(self.kinds, minlength=4)
         return {"native": int(counts[NATIVE]), "virtual": int(counts[VIRTUAL]),
                 "inline": int(counts[INLINE])}  # fmt: skip
+
+
+class IndexBuilder:
+    """Builds an :class:`ArrayIndex` a batch at a time: each batch is turned into compact
+    columns as it arrives (its paths dictionary-encoded), so that the Python strings of
+    a million references never live all at once."""
+
+    def __init__(self, grid: tuple[int, ...]) -> None:
+        self.grid = grid
+        self._indices: list[np.ndarray] = []
+        self._kinds: list[np.ndarray] = []
+        self._location: list[np.ndarray] = []
+        self._offsets: list[np.ndarray] = []
+        self._lengths: list[np.ndarray] = []
+        self._dictionaries: list[pa.Array] = []
+        self._inline: list[bytes] = []
+        self._paths = 0
+
+    def add(self, batch: Batch) -> None:
+        """ManifestError for coordinates outside the grid, an unknown kind, or inline
+        bytes that do not match the inline chunks."""
+        coords, kinds, paths, offsets, lengths, inlined = batch
+        count = len(kinds)
+        if np.shape(coords) != (count, len(self.grid)) or len(paths) != count:
+            raise ManifestError(f"a batch of {count} references is malformed")
+        kind = np.asarray(kinds, np.uint8)
+        if not np.isin(kind, (NATIVE, VIRTUAL, INLINE)).all():
+            raise ManifestError(f"unknown chunk kind(s) {sorted(set(kind.tolist()) - {1, 2, 3})}")
+        encoded = pc.dictionary_encode(pa.array(paths, pa.string()))
+        location = np.asarray(encoded.indices, np.int32) + np.int32(self._paths)
+        self._paths += len(encoded.dictionary)
+        self._dictionaries.append(encoded.dictionary)
+        inline_rows = np.fromiter(inlined.keys(), np.int64, len(inlined))
+        if (kind[inline_rows] != INLINE).any() or (kind == INLINE).sum() != len(inline_rows):
+            raise ManifestError("inline bytes do not match the inline chunks")
+        location[inline_rows] = np.arange(len(inline_rows), dtype=np.int32) + len(self._inline)
+        self._inline.extend(inlined.values())
+        self._indices.append(_linear(np.asarray(coords, np.int64), self.grid))
+        self._kinds.append(kind)
+        self._location.append(location)
+        self._offsets.append(np.asarray(offsets, np.uint64))
+        self._lengths.append(np.asarray(lengths, np.uint64))
+
+    def finish(self, *, node_id: str = "", manifest_ids: tuple[str, ...] = ()) -> ArrayIndex:
+        """The index, sorted by chunk index; ManifestError for a chunk listed twice."""
+
+        def joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+            return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+        indices = joined(self._indices, np.int64)
+        order = np.argsort(indices, kind="stable")
+        indices = indices[order]
+        if len(indices) > 1 and (np.diff(indices) == 0).any():
+            raise ManifestError("a chunk is listed twice")
+        paths = (
+            pa.concat_arrays(self._dictionaries)
+            if self._dictionaries
+            else pa.array([], pa.string())
+        )
+        return ArrayIndex(
+            node_id=node_id,
+            manifest_ids=manifest_ids,
+            grid=self.grid,
+            indices=indices,
+            kinds=joined(self._kinds, np.uint8)[order],
+            location=joined(self._location, np.int32)[order],
+            offsets=joined(self._offsets, np.uint64)[order],
+            lengths=joined(self._lengths, np.uint64)[order],
+            paths=paths,
+            inline=pa.array(self._inline, pa.binary()),
+        )
 
 
 def _linear(coords: np.ndarray, grid: tuple[int, ...]) -> np.ndarray:

@@ -20,7 +20,7 @@ import fsspec.core
 import numpy as np
 
 from refmount.errors import RefsError
-from refmount.icechunk.index import VIRTUAL, ArrayIndex, Batch
+from refmount.icechunk.index import VIRTUAL, ArrayIndex, IndexBuilder
 from refmount.icechunk.location import Location, storage
 from refmount.icechunk.loop import LoopThread
 from refmount.icechunk.manifest import ManifestError, parse_manifest
@@ -99,7 +99,7 @@ class Repository:
         icechunk = import_icechunk(location.name)
         self._loop = LoopThread()
         try:
-            self._repo = icechunk.Repository.open(storage(location, options))
+            self._repo = icechunk.Repository.open(storage(location, options), _config(icechunk))
             self._session = self._open_session()
         except RefsError:
             self._loop.close()
@@ -164,14 +164,14 @@ class Repository:
     def array_index(self, node: Node, grid: tuple[int, ...]) -> ArrayIndex:
         """Every chunk reference of one array (its manifests read by icechunk)."""
 
-        async def collect() -> list[Batch]:
-            iterator = self._store.array_chunk_iterator(node.path, batch_size=BATCH)
-            return [batch async for batch in iterator]
+        builder = IndexBuilder(grid)
 
-        batches = self._loop.run(collect, self.timeout, f"{node.path}: reading its manifest")
-        index = ArrayIndex.build(
-            batches, grid, node_id=node.node_id, manifest_ids=node.manifest_ids
-        )
+        async def collect() -> None:
+            async for batch in self._store.array_chunk_iterator(node.path, batch_size=BATCH):
+                builder.add(batch)
+
+        self._loop.run(collect, self.timeout, f"{node.path}: reading its manifest")
+        index = builder.finish(node_id=node.node_id, manifest_ids=node.manifest_ids)
         if not (index.kinds == VIRTUAL).any():
             return index
         parts = []
@@ -196,6 +196,15 @@ class Repository:
 
     def close(self) -> None:
         self._loop.close()
+
+
+def _config(icechunk: Any) -> Any:
+    """Reading options over the repository's own configuration: no cache of chunk
+    references (each array's are read once, into its index; icechunk's cache of a
+    million-reference manifest would hold over 100 MB besides)."""
+    config = icechunk.RepositoryConfig()
+    config.caching = icechunk.CachingConfig(num_chunk_refs=0)
+    return config
 
 
 def branch_head(location: Location, options: Mapping[str, Any], branch: str) -> str:

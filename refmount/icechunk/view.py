@@ -23,6 +23,7 @@ import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import trio
@@ -34,12 +35,14 @@ from refmount.icechunk.keys import ChunkKeys
 from refmount.icechunk.location import Location
 from refmount.icechunk.manifest import INLINE, NATIVE, ManifestError
 from refmount.icechunk.repository import Node, Repository
+from refmount.refs import release_freed_memory
 from refmount.refs.model import Child, Ref, RefSet
 
 log = logging.getLogger(__name__)
 
 #: File ids of one set stay below this (the tree's span per generation is 2**40).
 MAX_FILE_IDS = 1 << 39
+_FIRST_WINDOW, _MAX_WINDOW = 64, 16384  # chunk indices a listing decodes at a time
 #: The longest chunk a reference may claim: longer is a corrupt or hostile manifest.
 MAX_CHUNK_BYTES = 1 << 34
 
@@ -86,6 +89,7 @@ class IcechunkRefSet(RefSet):
         self._bases = [array.base for array in self._arrays.values()]
         self._by_base = list(self._arrays.values())
         self._dirs = self._directories(nodes)
+        self._last_row: tuple[_Array | None, int] = (None, -1)  # see file_size
 
     @classmethod
     def open(cls, repository: Repository, containers: Containers) -> IcechunkRefSet:
@@ -161,6 +165,7 @@ class IcechunkRefSet(RefSet):
                 f"{array.node.path}: cannot read its manifest: "
                 f"{message[0] if message else type(exc).__name__}"
             ) from None
+        release_freed_memory()  # the enumeration's peak must not stay resident
         log.info("%s: %d chunk references (%s)", array.node.path, len(index),
                  ", ".join(f"{n} {k}" for k, n in index.kind_counts().items() if n))  # fmt: skip
         return index
@@ -227,12 +232,21 @@ class IcechunkRefSet(RefSet):
         )
 
     def file_size(self, file_id: int) -> int | None:
+        """Asked for every entry of a listing, in order: the last array and row found
+        answer the next without a search."""
         if file_id < len(self._meta_keys):
             return len(self._meta_bytes[file_id])
-        array, index = self._chunk_of(file_id)
+        last, hint = self._last_row
+        if last is not None and last.base <= file_id < last.base + last.keys.count:
+            array = last
+        else:
+            array, hint = self._chunk_of(file_id)[0], -1
         chunks = self._held(array)
-        row = chunks.row(index)
-        return None if row is None else int(chunks.lengths[row])
+        row = chunks.row(file_id - array.base, hint)
+        if row is None:
+            return None
+        self._last_row = (array, row)
+        return chunks.size(row)
 
     # --- directories -----------------------------------------------------------------
 
@@ -272,10 +286,18 @@ class IcechunkRefSet(RefSet):
         start, stop = files
         chunks = self._held(array)
         first = start + max(after + 1, 0)
-        present = chunks.present(first, stop).tolist()
-        names = keys.file_names(present, fixed)
-        for name, index in zip(names, present, strict=True):
-            yield Child(name, array.base + index, shift + index - start)
+        # Windows that start small and grow: a listing resumed for a few entries (one
+        # FUSE readdir call) pays for a few names, a long listing for few windows.
+        window = _FIRST_WINDOW
+        new_child = tuple.__new__  # Child(...) without its Python-level __new__: per entry
+        while first < stop:
+            end = min(stop, first + window)
+            present = chunks.present(first, end)
+            names = keys.file_names(present.tolist(), fixed)
+            ids = (present + array.base).tolist()
+            cursors = (present + (shift - start)).tolist()
+            yield from map(new_child, repeat(Child), zip(names, ids, cursors, strict=True))
+            first, window = end, min(window * 2, _MAX_WINDOW)
 
     def subdirectory_count(self, path: str) -> int:
         entries = self._dirs.get(path)

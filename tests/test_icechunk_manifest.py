@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import struct
 import warnings
 from pathlib import Path
 
@@ -254,3 +255,87 @@ def test_a_manifest_that_decompresses_beyond_the_bound_is_refused(by_hand) -> No
     assert parse_manifest(data, manifest_id, max_decompressed=len(body)).id == manifest_id
     with pytest.raises(ManifestError, match="beyond the bound"):
         parse_manifest(data, manifest_id, max_decompressed=len(body) - 1)
+
+
+def test_frames_without_a_declared_size_or_several_read_the_same(by_hand) -> None:
+    manifest_id, data = _virt_manifest(by_hand)
+    body = zstandard.ZstdDecompressor().decompressobj().decompress(data[HEADER_SIZE:])
+    undeclared = zstandard.ZstdCompressor(write_content_size=False)
+    assert zstandard.frame_content_size(undeclared.compress(body)) == -1
+    expected = parse_manifest(data, manifest_id)
+    variants = {
+        "undeclared": data[:HEADER_SIZE] + undeclared.compress(body),
+        "two frames": _recompressed(data, body[:100])
+        + zstandard.ZstdCompressor().compress(body[100:]),
+    }
+    for name, variant in variants.items():
+        got = parse_manifest(variant, manifest_id)
+        assert got.checksums == expected.checksums, name
+        for node_id, refs in expected.arrays.items():
+            assert np.array_equal(got.arrays[node_id].coords, refs.coords), name
+            assert np.array_equal(got.arrays[node_id].checksums, refs.checksums), name
+    endless = data[:HEADER_SIZE] + undeclared.compress(body + bytes(64 << 20))
+    with pytest.raises(ManifestError, match="beyond the bound"):
+        parse_manifest(endless, manifest_id, max_decompressed=8 << 20)
+
+
+def _arrays_sharing_refs(body: bytes, copies: int) -> bytes:
+    """The FlatBuffer ``body`` (one array) made hostile: a new root listing ``copies``
+    arrays of distinct node ids that all point at the first array's refs.  The new tables
+    go in front of the old ones (every uoffset points forward); the old bytes move by a
+    multiple of 8 and keep their alignment and relative offsets."""
+
+    def u32(at: int) -> int:
+        return struct.unpack_from("<I", body, at)[0]
+
+    def field(table: int, slot: int) -> int:
+        vtable = table - struct.unpack_from("<i", body, table)[0]
+        return table + struct.unpack_from("<H", body, vtable + 4 + 2 * slot)[0]
+
+    root = u32(0)
+    root_vtable = root - struct.unpack_from("<i", body, root)[0]
+    root_size = struct.unpack_from("<H", body, root_vtable + 2)[0]
+    arrays = field(root, 1) + u32(field(root, 1))
+    array = arrays + 4 + u32(arrays + 4)
+    array_vtable = array - struct.unpack_from("<i", body, array)[0]
+    array_size = struct.unpack_from("<H", body, array_vtable + 2)[0]
+    node_at, refs_at = field(array, 0) - array, field(array, 1) - array
+    refs = array + refs_at + u32(array + refs_at)
+
+    def align(n: int) -> int:
+        return -(-n // 8) * 8
+
+    new_root = 8
+    vector = align(new_root + root_size)
+    tables = align(vector + 4 + 4 * copies)
+    table_room = align(array_size)
+    shift = align(tables + table_room * copies - 4)  # old position p moves to p + shift
+    out = bytearray(4 + shift) + body[4:]
+    out[new_root : new_root + root_size] = body[root : root + root_size]
+    struct.pack_into("<i", out, new_root, new_root - (root_vtable + shift))
+    struct.pack_into("<I", out, 0, new_root)
+    arrays_field = new_root + field(root, 1) - root
+    struct.pack_into("<I", out, arrays_field, vector - arrays_field)
+    struct.pack_into("<I", out, vector, copies)
+    for k in range(copies):
+        table = tables + table_room * k
+        out[table : table + array_size] = body[array : array + array_size]
+        struct.pack_into("<i", out, table, table - (array_vtable + shift))
+        out[table + node_at : table + node_at + 8] = k.to_bytes(8, "big")
+        struct.pack_into("<I", out, table + refs_at, refs + shift - (table + refs_at))
+        struct.pack_into("<I", out, vector + 4 + 4 * k, table - (vector + 4 + 4 * k))
+    return bytes(out)
+
+
+def test_arrays_sharing_one_refs_vector_are_refused_not_reread(by_hand) -> None:
+    """Many arrays pointing at the same (large) refs: work quadratic in the file's size
+    unless refused; refused once their refs claim more bytes than the manifest holds."""
+    repo_path, repo = by_hand
+    manifest, _ = _array(_manifests(repo_path, repo), "/many")
+    data = (repo_path / "manifests" / manifest.id).read_bytes()
+    body = zstandard.ZstdDecompressor().decompressobj().decompress(data[HEADER_SIZE:])
+    two = parse_manifest(_recompressed(data, _arrays_sharing_refs(body, 2)), manifest.id)
+    assert [len(refs.coords) for refs in two.arrays.values()] == [MANY, MANY]  # a fair copy
+    hostile = _recompressed(data, _arrays_sharing_refs(body, 5000))
+    with pytest.raises(ManifestError, match=f"{manifest.id}.*more than the manifest holds"):
+        parse_manifest(hostile, manifest.id)

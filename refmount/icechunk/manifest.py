@@ -49,6 +49,8 @@ _REF_INDEX, _REF_INLINE, _REF_CHUNK_ID, _REF_LOCATION = 0, 1, 4, 5
 _REF_ETAG, _REF_LAST_MODIFIED, _REF_COMPRESSED_LOCATION = 6, 7, 8
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+#: bytes of strings compared at a time (the gather's index is 8 bytes per byte)
+_GATHER_BYTES = 1 << 20
 
 
 class ManifestError(ValueError):
@@ -99,7 +101,7 @@ def parse_manifest(
     if compression == _COMPRESSION_ZSTD:
         body = _decompress(memoryview(data)[HEADER_SIZE:], manifest_id, max_decompressed)
     else:
-        body = bytes(data[HEADER_SIZE:])
+        body = bytearray(data[HEADER_SIZE:])
         if len(body) > max_decompressed:
             raise ManifestError(f"manifest {manifest_id}: {len(body)} bytes exceed the bound")
     return _FlatManifest(body, manifest_id).read(spec_version, writer)
@@ -126,41 +128,59 @@ def _read_header(data: bytes, manifest_id: str) -> tuple[int, str, int]:
     return spec_version, writer.rstrip(" \0"), compression
 
 
-def _decompress(compressed: memoryview, manifest_id: str, limit: int) -> bytes:
+def _decompress(compressed: memoryview, manifest_id: str, limit: int) -> bytearray:
     """The zstd content (all frames), refusing more than ``limit`` bytes before holding
-    them: a small file that claims or expands to gigabytes is an error, not a stall."""
-    reader = zstandard.ZstdDecompressor().stream_reader(
-        io.BytesIO(compressed), read_across_frames=True
+    them: a small file that claims or expands to gigabytes is an error, not a stall.  The
+    size a frame declares is allocated once and filled in place (one copy of the content
+    in memory, not two)."""
+    beyond = ManifestError(
+        f"manifest {manifest_id}: decompresses beyond the bound of {limit} bytes"
     )
-    out = bytearray()
     try:
-        while True:
-            piece = reader.read(min(1 << 20, limit + 1 - len(out)))
-            if not piece:
-                break
+        declared = zstandard.frame_content_size(compressed)
+        if declared > limit:
+            raise beyond
+        reader = zstandard.ZstdDecompressor().stream_reader(
+            io.BytesIO(compressed), read_across_frames=True
+        )
+        out = bytearray(max(declared, 0))
+        filled = 0
+        with memoryview(out) as view:
+            while filled < len(out) and (got := reader.readinto(view[filled:])):
+                filled += got
+        del out[filled:]
+        while piece := reader.read(min(1 << 20, limit + 1 - len(out))):
             out += piece
             if len(out) > limit:
-                raise ManifestError(
-                    f"manifest {manifest_id}: decompresses beyond the bound of {limit} bytes"
-                )
+                raise beyond
     except zstandard.ZstdError as exc:
         raise ManifestError(f"manifest {manifest_id}: corrupt zstd stream ({exc})") from None
     if not out:
         raise ManifestError(f"manifest {manifest_id}: empty content")
-    return bytes(out)
+    return out
 
 
 class _FlatManifest:
     """Bounds-checked reads of the FlatBuffer tables of one manifest."""
 
-    def __init__(self, buf: bytes, manifest_id: str) -> None:
+    def __init__(self, buf: bytes | bytearray, manifest_id: str) -> None:
         self.buf = buf
         self.u8 = np.frombuffer(buf, dtype=np.uint8)
         self.manifest_id = manifest_id
         self.checksum_of: dict[Checksum, int] = {}
+        self.claimed = 0
 
     def fail(self, what: str) -> ManifestError:
         return ManifestError(f"manifest {self.manifest_id}: corrupt FlatBuffer ({what})")
+
+    def claim(self, nbytes: int, what: str) -> None:
+        """Account for ``nbytes`` of the buffer that a ref's own data takes (its slot in a
+        refs vector, its index vector, its ETag string).  A writer never shares them, so
+        together they fit in the buffer; a hostile file that points many arrays or refs
+        at the same bytes would otherwise cost work quadratic in its size."""
+        self.claimed += nbytes
+        if self.claimed > len(self.buf):
+            raise self.fail(f"{what}: more than the manifest holds")
 
     # -- scalar reads -------------------------------------------------------------------
     def _int(self, pos: int, size: int, what: str, signed: bool = False) -> int:
@@ -249,6 +269,7 @@ class _Columns:
         self.flat = flat
         self.node_id = node_id
         self.size = len(flat.buf)
+        flat.claim(4 * count, f"refs of array {node_id}")
         self.tables = self._follow(start + 4 * np.arange(count, dtype=np.int64), "ref")
         vtables = self.tables - self._gather(self.tables, 4, "ref table", signed=True)
         vtable_sizes = self._gather(vtables, 2, "ref vtable")
@@ -271,6 +292,10 @@ class _Columns:
         if pos.size and int(pos.min()) < 0:
             raise self._fail(f"{what} before the buffer")
         self._check(pos + size, what)
+        if not np.any(pos % size):  # aligned, as a FlatBuffer builder writes them: one gather
+            kind = f"<{'i' if signed else 'u'}{size}"
+            words = np.frombuffer(self.flat.buf, dtype=kind, count=self.size // size)
+            return words[pos // size].astype(np.int64)
         value = np.zeros(pos.shape, dtype=np.int64)
         for byte in range(size):
             value |= self.flat.u8[pos + byte].astype(np.int64) << (8 * byte)
@@ -312,9 +337,7 @@ class _Columns:
         ndim = int(lengths[0])
         if np.any(lengths != ndim):
             raise self._fail("chunk indices of different lengths")
-        # Each ref owns its index vector: together they cannot outgrow the buffer.
-        if count * (4 + 4 * ndim) > self.size:
-            raise self._fail(f"{count} chunk indices of {ndim} dimensions")
+        self.flat.claim(count * (4 + 4 * ndim), f"chunk indices of array {self.node_id}")
         self._check(vectors + 4 + 4 * ndim, "index")
         elements = vectors[:, None] + 4 + 4 * np.arange(ndim, dtype=np.int64)[None, :]
         return self._gather(elements, 4, "index").astype(np.uint32)
@@ -350,11 +373,40 @@ class _Columns:
         self._check(starts + lengths + 1, what)
         return present, starts
 
-    def _etag(self, start: int, length: int) -> str:
+    def _distinct_strings(self, starts: np.ndarray, what: str) -> tuple[list[str], np.ndarray]:
+        """The distinct strings whose bytes start at ``starts``, and the number of each
+        row's among them.  Compared as numpy rows, a length at a time, so that a million
+        references to a thousand ETags cost a thousand decodings, not a million."""
+        positions, by_position = np.unique(starts, return_inverse=True)
+        lengths = self._gather(positions - 4, 4, what)
+        self.flat.claim(int(lengths.sum()), f"{what} strings of array {self.node_id}")
+        order = np.argsort(lengths, kind="stable")
+        bounds = np.flatnonzero(np.diff(lengths[order])) + 1
+        numbers = np.empty(len(positions), dtype=np.int64)
+        seen: dict[bytes, int] = {}
+        u8 = self.flat.u8
+        for group in np.split(order, bounds):
+            if group.size == 0:
+                continue
+            length = int(lengths[group[0]])
+            step = max(1, _GATHER_BYTES // max(length, 1))
+            for lo in range(0, group.size, step):
+                rows = group[lo : lo + step]
+                if length == 0:
+                    texts, inverse = [b""], np.zeros(rows.size, dtype=np.int64)
+                else:
+                    matrix = u8[positions[rows, None] + np.arange(length)]
+                    unique, inverse = np.unique(
+                        matrix.view(f"V{length}")[:, 0], return_inverse=True
+                    )
+                    texts = [row.tobytes() for row in unique]
+                local = np.array([seen.setdefault(text, len(seen)) for text in texts])
+                numbers[rows] = local[inverse]
         try:
-            return self.flat.buf[start : start + length].decode()
+            strings = [text.decode() for text in seen]
         except UnicodeDecodeError:
-            raise self._fail("checksum etag not UTF-8") from None
+            raise self._fail(f"{what} not UTF-8") from None
+        return strings, numbers[by_position]
 
     def _numbers(self, checksums: list[Checksum]) -> np.ndarray:
         """Each checksum's number in the manifest's list of distinct checksums."""
@@ -368,13 +420,7 @@ class _Columns:
         has_time, time_at = self._field(_REF_LAST_MODIFIED, 4, "checksum last modified")
         times = np.zeros(self.tables.shape, dtype=np.int64)
         times[has_time] = self._gather(time_at, 4, "checksum last modified")
-        # A writer repeats the same few ETags over many refs: decode each distinct one once.
-        distinct, inverse = np.unique(etag_starts, return_inverse=True)
-        lengths = self._gather(distinct - 4, 4, "checksum etag")
-        etags = [
-            self._etag(start, length)
-            for start, length in zip(distinct.tolist(), lengths.tolist(), strict=True)
-        ]
+        etags, inverse = self._distinct_strings(etag_starts, "checksum etag")
         index[has_etag] = self._numbers([Checksum(etag=etag) for etag in etags])[inverse]
         # Icechunk reads a last-modified time only where there is no ETag, and 0 as none.
         dated = ~has_etag & (times > 0)

@@ -317,3 +317,23 @@ def test_catalog_mounts_repositories_beside_reference_files(copy: Built, mount, 
     while not (read_mount(m.mountpoint / "archive")["native"] == native_values(6)).all():
         assert time.monotonic() < deadline, m.log()
         time.sleep(0.1)
+
+
+def test_a_touched_source_file_makes_its_virtual_chunks_eio(mount, tmp_path: Path) -> None:
+    """VirtualiZarr records when each virtual chunk's file was seen unchanged: a file
+    modified since (a new mtime, the same bytes) is refused, not read; native and inline
+    chunks still read."""
+    own = build_repository(tmp_path / "own")
+    m = mount(own.root)
+    expected = read_in_process(own.root, own.data)
+    assert os.stat(m.mountpoint / "temp/c/1/1/1").st_size > 0  # listed, not yet read
+    later = time.time() + 10
+    os.utime(own.netcdf, (later, later))
+    for key in ("temp/c/1/1/1", "temp/c/2/0/0"):
+        with pytest.raises(OSError) as raised:
+            (m.mountpoint / key).read_bytes()
+        assert raised.value.errno == errno.EIO, key
+    np.testing.assert_array_equal(read_mount_array(m.mountpoint, "native"), native_values(2))
+    np.testing.assert_array_equal(read_mount_array(m.mountpoint, "time"), expected["time"])
+    assert "a.nc" in m.log()
+    assert m.process.poll() is None

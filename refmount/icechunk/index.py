@@ -82,6 +82,11 @@ class ArrayIndex:
             table.extend(checksums)
         return replace(self, checksum=column, checksums=tuple(table))
 
+    @property
+    def needs_checksums(self) -> bool:
+        """Whether it holds virtual chunks but not yet their checksums."""
+        return self.checksum is None and bool((self.kinds == VIRTUAL).any())
+
     def checksum_of(self, row: int) -> Checksum | None:
         if self.checksum is None or (which := int(self.checksum[row])) < 0:
             return None

@@ -20,7 +20,7 @@ import fsspec.core
 import numpy as np
 
 from refmount.errors import RefsError
-from refmount.icechunk.index import VIRTUAL, ArrayIndex, IndexBuilder
+from refmount.icechunk.index import ArrayIndex, IndexBuilder
 from refmount.icechunk.location import Location, storage
 from refmount.icechunk.loop import LoopThread
 from refmount.icechunk.manifest import ManifestError, parse_manifest
@@ -171,9 +171,11 @@ class Repository:
                 builder.add(batch)
 
         self._loop.run(collect, self.timeout, f"{node.path}: reading its manifest")
-        index = builder.finish(node_id=node.node_id, manifest_ids=node.manifest_ids)
-        if not (index.kinds == VIRTUAL).any():
-            return index
+        return builder.finish(node_id=node.node_id, manifest_ids=node.manifest_ids)
+
+    def with_checksums(self, node: Node, index: ArrayIndex) -> ArrayIndex:
+        """``index`` with the checksums of its virtual chunks, read from the manifest
+        files themselves (icechunk's API does not give them)."""
         parts = []
         for manifest_id in node.manifest_ids:
             manifest = parse_manifest(self._manifest_bytes(manifest_id), manifest_id)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -134,27 +134,43 @@ class IcechunkRefSet(RefSet):
 
     async def ensure(self, path: str, after: int = -1) -> None:
         """Read the chunk references of the array ``path`` lies in, when the path names
-        one of its chunks or lists them.  FetchError (EIO) when they cannot be read."""
+        one of its chunks or lists them, and when it names a chunk the checksums of the
+        array's virtual chunks too (a listing needs only sizes).  FetchError (EIO) when
+        they cannot be read."""
         found = self._array_of(path)
         if found is None:
             return
         array, relative = found
-        if array.index is not None or relative == "zarr.json" or not array.keys.count:
+        if relative == "zarr.json" or not array.keys.count:
+            return
+        is_chunk = array.keys.parse(relative) is not None
+        if array.index is not None and not (is_chunk and array.index.needs_checksums):
             return
         fixed = array.keys.directory(relative)
         lists_files = fixed is not None and array.keys.file_range(fixed) is not None
-        if not lists_files and array.keys.parse(relative) is None:
+        if not lists_files and not is_chunk:
             return
         if array.lock is None:
             array.lock = trio.Lock()
         async with array.lock:
             if array.index is None:
-                index = await trio.to_thread.run_sync(self._read_index, array)
-                array.index = index
+                array.index = await trio.to_thread.run_sync(self._read_index, array)
+            if is_chunk and array.index.needs_checksums:
+                array.index = await trio.to_thread.run_sync(self._read_checksums, array)
 
     def _read_index(self, array: _Array) -> ArrayIndex:
+        return self._reading(
+            array, lambda: self.repository.array_index(array.node, array.keys.grid)
+        )
+
+    def _read_checksums(self, array: _Array) -> ArrayIndex:
+        index = self._held(array)
+        return self._reading(array, lambda: self.repository.with_checksums(array.node, index))
+
+    def _reading(self, array: _Array, read: Callable[[], ArrayIndex]) -> ArrayIndex:
+        """``read()``, its failures as FetchError (EIO) naming the array."""
         try:
-            index = self.repository.array_index(array.node, array.keys.grid)
+            index = read()
         except FetchError:
             raise
         except ManifestError as exc:
@@ -165,9 +181,10 @@ class IcechunkRefSet(RefSet):
                 f"{array.node.path}: cannot read its manifest: "
                 f"{message[0] if message else type(exc).__name__}"
             ) from None
-        release_freed_memory()  # the enumeration's peak must not stay resident
-        log.info("%s: %d chunk references (%s)", array.node.path, len(index),
-                 ", ".join(f"{n} {k}" for k, n in index.kind_counts().items() if n))  # fmt: skip
+        release_freed_memory()  # the reading's peak must not stay resident
+        log.info("%s: %d chunk references (%s)%s", array.node.path, len(index),
+                 ", ".join(f"{n} {k}" for k, n in index.kind_counts().items() if n),
+                 "" if index.checksum is None else ", their checksums")  # fmt: skip
         return index
 
     def _held(self, array: _Array) -> ArrayIndex:
@@ -217,6 +234,8 @@ class IcechunkRefSet(RefSet):
             return Ref(data=chunks.inline_bytes(row))
         offset, length = int(chunks.offsets[row]), int(chunks.lengths[row])
         key = f"{array.node.path}/{array.keys.name(index)}"
+        if kind != NATIVE and chunks.needs_checksums:  # never a virtual Ref without them
+            raise NotLoaded(f"{key}: the checksums of its array are not loaded")
         if length > MAX_CHUNK_BYTES or offset > (1 << 62):
             raise FetchError(
                 f"{key}: the manifest claims {length} bytes at offset {offset}, over the "

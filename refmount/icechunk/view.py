@@ -182,9 +182,11 @@ class IcechunkRefSet(RefSet):
                 f"{message[0] if message else type(exc).__name__}"
             ) from None
         release_freed_memory()  # the reading's peak must not stay resident
-        log.info("%s: %d chunk references (%s)%s", array.node.path, len(index),
-                 ", ".join(f"{n} {k}" for k, n in index.kind_counts().items() if n),
-                 "" if index.checksum is None else ", their checksums")  # fmt: skip
+        if index.checksum is not None:
+            log.info("%s: checksums of its virtual chunks read", array.node.path)
+        else:
+            kinds = ", ".join(f"{n} {k}" for k, n in index.kind_counts().items() if n)
+            log.info("%s: %d chunk references (%s)", array.node.path, len(index), kinds)
         return index
 
     def _held(self, array: _Array) -> ArrayIndex:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -50,7 +51,10 @@ class LoopThread:
             raise FetchError(f"{what}: no answer within {timeout:g} s (--timeout)") from None
 
     def close(self) -> None:
+        """Stop the loop; its thread ends by itself.  Not waited for: a set is closed
+        on the serving loop (after a reload, or by a catalog's unload), which must not
+        wait on a call in flight."""
         if self._loop.is_closed():
             return
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5.0)
+        with contextlib.suppress(RuntimeError):  # closed meanwhile
+            self._loop.call_soon_threadsafe(self._loop.stop)

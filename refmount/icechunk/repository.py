@@ -9,6 +9,7 @@ set's own :class:`~refmount.icechunk.loop.LoopThread`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Mapping
@@ -210,9 +211,16 @@ def _config(icechunk: Any) -> Any:
 
 
 def branch_head(location: Location, options: Mapping[str, Any], branch: str) -> str:
-    """The snapshot id at the head of ``branch`` now (one read of ``repo``)."""
+    """The snapshot id at the head of ``branch`` now: one read of ``repo`` by a
+    repository handle kept open for the polls (it sees new commits)."""
+    return _polled(location.url, json.dumps(options, sort_keys=True)).lookup_branch(branch)
+
+
+@functools.lru_cache(maxsize=16)
+def _polled(url: str, options: str) -> Any:
+    location = Location.of(url)
     icechunk = import_icechunk(location.name)
-    return icechunk.Repository.open(storage(location, options)).lookup_branch(branch)
+    return icechunk.Repository.open(storage(location, json.loads(options)))
 
 
 def _first_line(exc: BaseException) -> str:

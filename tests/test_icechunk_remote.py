@@ -36,11 +36,8 @@ def test_s3_repository_with_s3_virtual_chunks(s3_server: MotoServer, mount, tmp_
     netcdf = write_netcdf(tmp_path / "a.nc")
     url = build_s3_repository(s3_server.endpoint, "icechunk-s3", netcdf)
     options = s3_options(s3_server.endpoint)
-    m = mount(
-        url,
-        "--refs-options", json.dumps(options),
-        "--remote-options", json.dumps({"s3": options}),
-    )  # fmt: skip
+    # flat --remote-options: bound to the one bucket the repository and its containers use
+    m = mount(url, "--refs-options", json.dumps(options), "--remote-options", json.dumps(options))
     through_mount = read_mount(m.mountpoint)
     in_process = read_s3_in_process(s3_server.endpoint, "icechunk-s3")
     assert sorted(through_mount) == sorted(in_process) == ["native", "temp", "time"]

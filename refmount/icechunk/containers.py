@@ -57,9 +57,13 @@ class Containers:
             return path
         return url
 
+    def allowed(self) -> list[str]:
+        """The URL prefixes a mount may read virtual chunks under."""
+        return self.narrowed if self.narrowed is not None else self.declared
+
     def protocols(self) -> set[str]:
         found = set()
-        for prefix in self.narrowed if self.narrowed is not None else self.declared:
+        for prefix in self.allowed():
             protocol = fsspec.core.split_protocol(prefix)[0] or "file"
             found.add("file" if protocol in LOCAL_PROTOCOLS else protocol)
         return found

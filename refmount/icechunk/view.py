@@ -342,6 +342,12 @@ class IcechunkRefSet(RefSet):
     def protocols(self) -> set[str]:
         return {self.location.protocol, *self.containers.protocols()}
 
+    def target_urls(self) -> list[str]:
+        """The prefixes every URL the set reads lies under: the repository's chunks and
+        the virtual chunk containers a mount may read (their hosts are what flat
+        ``--remote-options`` are bound to)."""
+        return [self.location.chunk_url(""), *self.containers.allowed()]
+
     def memory_bytes(self) -> int:
         held = sum(len(data) for data in self._meta_bytes)
         return held + sum(a.index.nbytes for a in self._arrays.values() if a.index is not None)

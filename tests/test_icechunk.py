@@ -86,7 +86,13 @@ def test_zarr_json_is_what_the_store_holds(built: Built, mount) -> None:
 def test_listing_sizes_and_missing_chunks(built: Built, mount) -> None:
     m = mount(built.root)
     root = m.mountpoint
-    assert sorted(os.listdir(root)) == ["native", "sparse", "temp", "time", "zarr.json"]
+    assert sorted(os.listdir(root)) == [
+        "forecast", "native", "sparse", "temp", "time", "zarr.json"
+    ]  # fmt: skip
+    assert sorted(os.listdir(root / "forecast")) == ["wind", "zarr.json"]
+    assert os.stat(root / "forecast").st_nlink == 3
+    wind = zarr.open_array(root / "forecast/wind", mode="r")[:]
+    np.testing.assert_array_equal(wind, np.arange(4, dtype="f4"))
     assert sorted(os.listdir(root / "native")) == ["c", "zarr.json"]
     assert sorted(os.listdir(root / "native/c")) == ["0", "1", "2", "3"]
     assert sorted(os.listdir(root / "native/c/3")) == ["0", "1"]

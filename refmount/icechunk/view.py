@@ -99,15 +99,17 @@ class IcechunkRefSet(RefSet):
     def _directories(self, nodes: list[Node]) -> dict[str, list[tuple[str, int | None]]]:
         """Each group's and array's sorted entries (chunk entries excepted)."""
         entries: dict[str, list[tuple[str, int | None]]] = {}
+        directories = {""}
         for node in nodes:
-            entries.setdefault(node.path, [])
             path = node.path
-            while path:
+            while path not in directories:
+                directories.add(path)
+                path = path.rpartition("/")[0]
+        for path in directories:
+            entries.setdefault(path, [])
+            if path:
                 parent, _, name = path.rpartition("/")
-                entries.setdefault(parent, [])
-                if (name, None) not in entries[parent]:
-                    entries[parent].append((name, None))
-                path = parent
+                entries.setdefault(parent, []).append((name, None))
         for key, file_id in self._meta_ids.items():
             parent, _, name = key.rpartition("/")
             entries.setdefault(parent, []).append((name, file_id))

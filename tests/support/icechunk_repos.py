@@ -7,7 +7,7 @@ History of :func:`build_repository`'s repository:
 * commit 1 on ``main`` (tagged ``v1``): virtual ``temp`` and ``time`` (from ``a.nc``),
   native ``native`` (zstd, 4x2 chunks of 24x30; the constant chunks compress under the
   inline threshold and live in the manifest), native ``sparse`` whose chunks were only
-  partly written;
+  partly written; a group ``forecast`` holding ``wind``;
 * commit 2 on ``main``: ``native`` rewritten (``NATIVE_V2``);
 * branch ``dev`` from commit 1 with ``native`` rewritten (``NATIVE_DEV``).
 """
@@ -131,6 +131,10 @@ def build_repository(directory: Path) -> Built:
         dimension_names=("a", "b"),
     )  # fmt: skip
     sparse[:5, :5] = 1.5  # only chunk (0, 0) exists
+    wind = group.create_group("forecast").create_array(
+        "wind", shape=(4,), chunks=(2,), dtype="f4", dimension_names=("step",)
+    )
+    wind[:] = np.arange(4, dtype="f4")
     first = session.commit("first")
     repo.create_tag("v1", first)
     repo.create_branch("dev", first)

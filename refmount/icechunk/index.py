@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from refmount.icechunk.manifest import INLINE, NATIVE, VIRTUAL, ManifestError
+from refmount.refs import arrays
 from refmount.refs.model import Checksum
 
 #: One batch of ``array_chunk_iterator``: coordinates, kinds, paths, offsets, lengths,
@@ -166,7 +167,10 @@ class IndexBuilder:
         kind = np.asarray(kinds, np.uint8)
         if not np.isin(kind, (NATIVE, VIRTUAL, INLINE)).all():
             raise ManifestError(f"unknown chunk kind(s) {sorted(set(kind.tolist()) - {1, 2, 3})}")
-        encoded = pc.dictionary_encode(pa.array(paths, pa.string()))
+        pool = arrays.POOL  # glibc's heap: what a load frees goes back (malloc_trim)
+        encoded = pc.dictionary_encode(
+            pa.array(paths, pa.string(), memory_pool=pool), memory_pool=pool
+        )
         location = np.asarray(encoded.indices, np.int32) + np.int32(self._paths)
         self._paths += len(encoded.dictionary)
         self._dictionaries.append(encoded.dictionary)
@@ -192,8 +196,9 @@ class IndexBuilder:
         indices = indices[order]
         if len(indices) > 1 and (np.diff(indices) == 0).any():
             raise ManifestError("a chunk is listed twice")
+        pool = arrays.POOL
         paths = (
-            pa.concat_arrays(self._dictionaries)
+            pa.concat_arrays(self._dictionaries, memory_pool=pool)
             if self._dictionaries
             else pa.array([], pa.string())
         )
@@ -207,7 +212,7 @@ class IndexBuilder:
             offsets=joined(self._offsets, np.uint64)[order],
             lengths=joined(self._lengths, np.uint64)[order],
             paths=paths,
-            inline=pa.array(self._inline, pa.binary()),
+            inline=pa.array(self._inline, pa.binary(), memory_pool=pool),
         )
 
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'refmount[icechunk]'"
 #: references asked of icechunk per batch while an array is enumerated
-BATCH = 100_000
+BATCH = 20_000
 #: the largest manifest file read for its checksums
 MAX_MANIFEST_BYTES = 1 << 30
 

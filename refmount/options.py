@@ -110,6 +110,7 @@ class Config:
     tag: str | None = None
     snapshot: str | None = None
     containers: list[str] | None = None
+    versions: bool = False
 
 
 def parse_size(text: str) -> int:
@@ -474,6 +475,12 @@ def add_icechunk_options(p: argparse.ArgumentParser) -> None:
     )
     versions.add_argument("--tag", metavar="NAME", help="serve this tag")
     versions.add_argument("--snapshot", metavar="ID", help="serve this snapshot")
+    versions.add_argument(
+        "--versions",
+        action="store_true",
+        help="serve the history as directories: branches/NAME, tags/NAME, snapshots/ID, "
+        "each loaded on first use (a catalog: --max-loaded-sets, --catalog-ttl apply)",
+    )
     g.add_argument(
         "--containers",
         type=lambda text: [prefix for prefix in text.split(",") if prefix],

@@ -343,3 +343,28 @@ def test_a_touched_source_file_makes_its_virtual_chunks_eio(mount, tmp_path: Pat
     np.testing.assert_array_equal(read_mount_array(m.mountpoint, "time"), expected["time"])
     assert "a.nc" in m.log()
     assert m.process.poll() is None
+
+
+def test_versions_as_directories(copy: Built, mount) -> None:
+    m = mount(copy.root, "--versions")
+    root = m.mountpoint
+    assert sorted(os.listdir(root)) == ["branches", "snapshots", "tags"]
+    assert sorted(os.listdir(root / "branches")) == ["dev", "main"]
+    assert os.listdir(root / "tags") == ["v1"]
+    snapshots = set(os.listdir(root / "snapshots"))
+    assert {copy.first, copy.second, copy.dev} <= snapshots
+    np.testing.assert_array_equal(read_mount(root / "tags/v1")["native"], native_values(1))
+    np.testing.assert_array_equal(read_mount(root / "branches/dev")["native"], native_values(3))
+    by_id = read_mount(root / "snapshots" / copy.second)["native"]
+    np.testing.assert_array_equal(by_id, native_values(2))
+    np.testing.assert_array_equal(read_mount(root / "branches/main")["native"], native_values(2))
+    session = open_local(copy.root).writable_session("main")
+    write_native(session.store, 7)
+    third = session.commit("seventh")
+    m.process.send_signal(1)  # SIGHUP refreshes the listing: main's head moved
+    deadline = time.monotonic() + 60
+    while not (read_mount(root / "branches/main")["native"] == native_values(7)).all():
+        assert time.monotonic() < deadline, m.log()
+        time.sleep(0.1)
+    assert third in os.listdir(root / "snapshots")
+    np.testing.assert_array_equal(read_mount(root / "tags/v1")["native"], native_values(1))

@@ -16,7 +16,7 @@ from typing import Any
 
 from refmount.icechunk.location import Location, is_repository
 
-__all__ = ["is_repository", "open_repository", "signature"]
+__all__ = ["history", "is_repository", "open_repository", "signature"]
 
 
 def open_repository(
@@ -48,6 +48,13 @@ def open_repository(
     except BaseException:
         repository.close()
         raise
+
+
+def history(url: str, options: Mapping[str, Any]) -> Any:
+    """Branches, tags and snapshots of the repository at ``url`` (a ``History``)."""
+    from refmount.icechunk.repository import history as read_history
+
+    return read_history(Location.of(url), options)
 
 
 def signature(

@@ -210,6 +210,30 @@ def _config(icechunk: Any) -> Any:
     return config
 
 
+@dataclass(frozen=True)
+class History:
+    """A repository's versions: each branch's head, each tag's snapshot, and every
+    snapshot in the ancestry of a branch with the time it was written."""
+
+    branches: dict[str, str]
+    tags: dict[str, str]
+    snapshots: dict[str, float]
+
+
+def history(location: Location, options: Mapping[str, Any]) -> History:
+    """The versions of the repository at ``location`` (plain calls: any thread)."""
+    repo = _polled(location.url, json.dumps(options, sort_keys=True))
+    branches = {name: repo.lookup_branch(name) for name in sorted(repo.list_branches())}
+    tags = {name: repo.lookup_tag(name) for name in sorted(repo.list_tags())}
+    snapshots: dict[str, float] = {}
+    for branch in branches:
+        for info in repo.ancestry(branch=branch):
+            if info.id in snapshots:
+                break  # the rest of this ancestry is another branch's, already listed
+            snapshots[info.id] = info.written_at.timestamp()
+    return History(branches, tags, snapshots)
+
+
 def branch_head(location: Location, options: Mapping[str, Any], branch: str) -> str:
     """The snapshot id at the head of ``branch`` now: one read of ``repo`` by a
     repository handle kept open for the polls (it sees new commits)."""

@@ -94,7 +94,7 @@ class Daemon:
         ):
             config = dataclasses.replace(config, icechunk=True)
         if config.icechunk:
-            return cls.load_one(config)
+            return cls.load_catalog(config) if config.versions else cls.load_one(config)
         if config.catalog or is_catalog(config.refs, config.refs_options, config.timeout):
             return cls.load_catalog(config)
         return cls.load_one(config)

@@ -11,10 +11,11 @@ The ``icechunk`` package is imported only when a repository is opened.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from refmount.icechunk.location import Location, is_repository
+from refmount.refs.source import within_deadline
 
 __all__ = ["history", "is_repository", "open_repository", "signature"]
 
@@ -37,17 +38,23 @@ def open_repository(
     from refmount.icechunk.view import IcechunkRefSet
 
     location = Location.of(url)
-    repository = Repository(location, options, Version(branch, tag, snapshot), timeout)
-    try:
-        allowed = Containers(
-            repository.containers(),
-            narrowed=containers,
-            local_allowed=location.local or allow_local,
-        )
-        return IcechunkRefSet.open(repository, allowed)
-    except BaseException:
-        repository.close()
-        raise
+    version = Version(branch, tag, snapshot)
+
+    def open_set(progress: Callable[[], None]) -> Any:
+        repository = Repository(location, options, version, timeout)
+        try:
+            allowed = Containers(
+                repository.containers(),
+                narrowed=containers,
+                local_allowed=location.local or allow_local,
+            )
+            return IcechunkRefSet.open(repository, allowed)
+        except BaseException:
+            repository.close()
+            raise
+
+    # icechunk's plain calls (open, session, snapshot) block: bounded like a refs file's read
+    return within_deadline(open_set, timeout, location.name)
 
 
 def history(url: str, options: Mapping[str, Any]) -> Any:

@@ -125,14 +125,6 @@ class Repository:
         declared = self._repo.config.virtual_chunk_containers or {}
         return [container.url_prefix for container in declared.values()]
 
-    def versions(self) -> dict[str, dict[str, str]]:
-        """Branches and tags, each with the snapshot it points at."""
-        repo = self._repo
-        return {
-            "branches": {name: repo.lookup_branch(name) for name in repo.list_branches()},
-            "tags": {name: repo.lookup_tag(name) for name in repo.list_tags()},
-        }
-
     def nodes(self) -> tuple[list[Node], float]:
         """The snapshot's groups and arrays with their ``zarr.json`` bytes, and the time
         it was written (seconds since the epoch)."""

@@ -34,7 +34,7 @@ from refmount.icechunk.index import ArrayIndex
 from refmount.icechunk.keys import ChunkKeys
 from refmount.icechunk.location import Location
 from refmount.icechunk.manifest import INLINE, NATIVE, ManifestError
-from refmount.icechunk.repository import Node, Repository
+from refmount.icechunk.repository import Node, Repository, history
 from refmount.refs import release_freed_memory
 from refmount.refs.model import Child, Ref, RefSet
 
@@ -363,8 +363,10 @@ class IcechunkRefSet(RefSet):
 
     def summary(self) -> dict[str, Any]:
         """Versions, containers, and each array's chunks by kind (as far as loaded)."""
+        versions = history(self.location, self.repository.options)
         return {
-            **self.repository.versions(),
+            "branches": versions.branches,
+            "tags": versions.tags,
             "snapshot": self.snapshot_id,
             "version": self.repository.version.describe(),
             "containers": self.containers.declared,

@@ -210,8 +210,8 @@ def seconds(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="refmount",
-        description="Mount a kerchunk/fsspec reference set (JSON or Parquet) as a read-only "
-        "directory tree.",
+        description="Mount a kerchunk/fsspec reference set (JSON or Parquet) or an Icechunk "
+        "repository as a read-only directory tree.",
         epilog="Every long option may also be given as -o name=value (fstab).  REFS may be "
         f"left out when ${REFS_ENV} holds it; @FILE reads it from FILE's first line: "
         "either way a URL with credentials stays out of the process list.",
@@ -219,8 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "refs",
         nargs="?",
-        help="reference set: JSON file (plain/gzip/bz2/xz/zstd) or Parquet directory, a "
-        f"local path or any fsspec URL; @FILE to read it from a file (default: ${REFS_ENV})",
+        help="reference set: JSON file (plain/gzip/bz2/xz/zstd), Parquet directory or "
+        "Icechunk repository, a local path or any fsspec URL; @FILE to read it from a file "
+        f"(default: ${REFS_ENV})",
     )
     p.add_argument("mountpoint", help="an existing, empty directory")
     p.add_argument(

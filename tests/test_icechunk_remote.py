@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import netCDF4
@@ -14,6 +15,7 @@ import pytest
 import zarr
 
 from tests.support.icechunk_repos import (
+    build_http_repository,
     build_repository,
     build_s3_repository,
     native_values,
@@ -89,3 +91,29 @@ def test_https_repository_read_only(mount, tmp_path) -> None:
         for name, values in in_process.items():
             np.testing.assert_array_equal(through_mount[name], values, err_msg=name)
         assert sorted(os.listdir(m.mountpoint / "native/c/0")) == ["0", "1"]
+
+
+@pytest.mark.skipif(nginx_available() is not None, reason=str(nginx_available()))
+def test_a_source_replaced_on_the_server_makes_its_virtual_chunks_eio(mount, tmp_path) -> None:
+    (tmp_path / "www").mkdir()
+    with NginxServer(tmp_path / "www") as server:
+        netcdf = build_http_repository(server.root, server.url)
+        m = mount(server.root / "repo")  # a local repository, its virtual chunks on nginx
+        with netCDF4.Dataset(netcdf) as ds:
+            ds.set_auto_mask(False)
+            expected = ds["temp"][:]
+        np.testing.assert_array_equal(
+            zarr.open_array(m.mountpoint / "temp", mode="r")[0:2, 0:10, 0:15],
+            expected[0:2, 0:10, 0:15],
+        )
+        # the same bytes written again, later: a new Last-Modified (and ETag) on nginx
+        data = netcdf.read_bytes()
+        netcdf.unlink()
+        netcdf.write_bytes(data)
+        later = time.time() + 10
+        os.utime(netcdf, (later, later))
+        with pytest.raises(OSError) as raised:
+            (m.mountpoint / "temp/c/2/1/1").read_bytes()
+        assert raised.value.errno == errno.EIO
+        assert "a.nc: changed since it was referenced" in m.log()
+        assert m.process.poll() is None

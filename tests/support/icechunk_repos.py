@@ -227,3 +227,26 @@ def read_s3_in_process(endpoint: str, bucket: str) -> dict[str, np.ndarray]:
     )
     group = zarr.open_group(repo.readonly_session("main").store, mode="r")
     return {name: array[:] for name, array in group.arrays()}
+
+
+def build_http_repository(root: Path, base_url: str) -> Path:
+    """A repository in ``root/repo`` whose virtual chunks are ``root/data/a.nc`` as served
+    at ``base_url/data/a.nc`` (``root`` being what the server serves), referenced by
+    VirtualiZarr through HTTP; one commit.  Returns the netCDF file's path."""
+    from obstore.store import HTTPStore
+
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    netcdf = write_netcdf(root / "data/a.nc")
+    config = icechunk.RepositoryConfig.default()
+    prefix = f"{base_url}/data/"
+    config.set_virtual_chunk_container(
+        icechunk.VirtualChunkContainer(prefix, icechunk.http_store())
+    )
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(root / "repo")), config)
+    store = HTTPStore.from_url(base_url, client_options={"allow_http": True})
+    registry = ObjectStoreRegistry({base_url: store})
+    vds = open_virtual_dataset(f"{prefix}a.nc", registry=registry, parser=HDFParser())
+    session = repo.writable_session("main")
+    vds.vz.to_icechunk(session.store)
+    session.commit("virtual over HTTP")
+    return netcdf

@@ -259,8 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=parse_json_object,
         default={},
         metavar="JSON",
-        help="fsspec storage options for target filesystems, keyed by protocol or "
-        'host ({"s3": {...}, "https://data.example.org": {...}}), or flat: then for '
+        help="fsspec storage options for target filesystems, keyed by protocol, host or "
+        'URL prefix ({"s3": {...}, "https://data.example.org": {...}}), or flat: then for '
         "--remote-protocol, or the one remote host of the set; or @file.json",
     )
     g.add_argument(
@@ -577,11 +577,12 @@ def refs_location(given: str | None) -> str:
 def per_protocol(options: dict[str, Any], remote_protocol: str | None) -> dict[str, dict]:
     """Remote options by scope: which hosts receive which options.
 
-    * Keyed options, where every key is a protocol fsspec knows (``"s3"``) or a protocol
+    * Keyed options, where every key is a protocol fsspec knows (``"s3"``), a protocol
       and host (``"https://data.example.org"``, ``"http://host:8080"``, ``"s3://bucket"``)
-      and every value an object, are kept as given: a protocol's entry applies to every
-      host of that protocol, a host's entry only to that host (over the protocol's,
-      key by key).
+      or a URL prefix (``"s3://bucket/data/"``) and every value an object, are kept as
+      given: a protocol's entry applies to every host of that protocol, a host's entry
+      only to that host (over the protocol's, key by key), a prefix's only to URLs under
+      it (over its host's).
     * Flat options with ``--remote-protocol P`` apply to protocol P (as ``{P: options}``).
     * Flat options without it are kept under ``"*"``: at start the daemon binds them to
       the one remote host the reference set points at, and refuses to start when the set
@@ -597,9 +598,8 @@ def per_protocol(options: dict[str, Any], remote_protocol: str | None) -> dict[s
     protocols = set(fsspec.available_protocols())
 
     def is_scope(key: str) -> bool:
-        protocol, separator, host = key.partition("://")
-        host = host.rstrip("/")
-        return protocol in protocols and (not separator or (bool(host) and "/" not in host))
+        protocol, separator, rest = key.partition("://")
+        return protocol in protocols and (not separator or bool(rest.partition("/")[0]))
 
     if all(is_scope(k) and isinstance(v, dict) for k, v in options.items()):
         return {k: dict(v) for k, v in options.items()}

@@ -25,7 +25,7 @@ from tests.support.icechunk_repos import (
     write_netcdf,
 )
 from tests.support.nginx import NginxServer, nginx_available
-from tests.support.servers import MotoServer
+from tests.support.servers import MotoServer, RangeServer
 
 
 def read_mount(path: Path) -> dict[str, np.ndarray]:
@@ -117,3 +117,21 @@ def test_a_source_replaced_on_the_server_makes_its_virtual_chunks_eio(mount, tmp
         assert raised.value.errno == errno.EIO
         assert "a.nc: changed since it was referenced" in m.log()
         assert m.process.poll() is None
+
+
+def test_remote_options_keyed_by_container_prefix(mount, tmp_path) -> None:
+    """Options keyed by a virtual chunk container's prefix reach requests under it, and
+    options keyed by another prefix of the same host do not."""
+    (tmp_path / "www").mkdir()
+    with RangeServer(tmp_path / "www", validators=True) as server:
+        root = server.root / "keyed"
+        build_http_repository(root, f"{server.url}/keyed")
+        options = {
+            f"{server.url}/keyed/data/": {"headers": {"X-Container": "data"}},
+            f"{server.url}/elsewhere/": {"headers": {"X-Container": "elsewhere"}},
+        }
+        m = mount(root / "repo", "--remote-options", json.dumps(options))
+        server.reset_stats()
+        assert (m.mountpoint / "temp/c/0/0/0").read_bytes()
+        seen = [headers.get("x-container") for headers in server.stats()["headers"]]
+        assert seen and set(seen) == {"data"}, seen

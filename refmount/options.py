@@ -108,6 +108,13 @@ class Config:
     disk_cache_min_free: int | float = 0.10
     disk_cache_immutable: bool = False
     disk_cache_check_interval: float = 60.0
+    # Icechunk repositories (refmount.icechunk)
+    icechunk: bool = False
+    branch: str | None = None
+    tag: str | None = None
+    snapshot: str | None = None
+    containers: list[str] | None = None
+    versions: bool = False
 
 
 def parse_size(text: str) -> int:
@@ -207,8 +214,8 @@ def seconds(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="refmount",
-        description="Mount a kerchunk/fsspec reference set (JSON or Parquet) as a read-only "
-        "directory tree.",
+        description="Mount a kerchunk/fsspec reference set (JSON or Parquet) or an Icechunk "
+        "repository as a read-only directory tree.",
         epilog="Every long option may also be given as -o name=value (fstab).  REFS may be "
         f"left out when ${REFS_ENV} holds it; @FILE reads it from FILE's first line: "
         "either way a URL with credentials stays out of the process list.",
@@ -216,8 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "refs",
         nargs="?",
-        help="reference set: JSON file (plain/gzip/bz2/xz/zstd) or Parquet directory, a "
-        f"local path or any fsspec URL; @FILE to read it from a file (default: ${REFS_ENV})",
+        help="reference set: JSON file (plain/gzip/bz2/xz/zstd), Parquet directory or "
+        "Icechunk repository, a local path or any fsspec URL; @FILE to read it from a file "
+        f"(default: ${REFS_ENV})",
     )
     p.add_argument("mountpoint", help="an existing, empty directory")
     p.add_argument(
@@ -255,8 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=parse_json_object,
         default={},
         metavar="JSON",
-        help="fsspec storage options for target filesystems, keyed by protocol or "
-        'host ({"s3": {...}, "https://data.example.org": {...}}), or flat: then for '
+        help="fsspec storage options for target filesystems, keyed by protocol, host or "
+        'URL prefix ({"s3": {...}, "https://data.example.org": {...}}), or flat: then for '
         "--remote-protocol, or the one remote host of the set; or @file.json",
     )
     g.add_argument(
@@ -277,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="check REFS every S seconds (its ETag, mtime or size) and reload it when it "
         "changed; SIGHUP reloads at any time",
     )
+    add_icechunk_options(p)
     g = p.add_argument_group("catalogs (REFS a directory or prefix of many sets)")
     g.add_argument(
         "--catalog",
@@ -476,6 +485,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_icechunk_options(p: argparse.ArgumentParser) -> None:
+    """Options of an Icechunk repository (:mod:`refmount.icechunk`)."""
+    g = p.add_argument_group("Icechunk repositories (REFS a repository's root)")
+    g.add_argument(
+        "--icechunk",
+        action="store_true",
+        help="read REFS as an Icechunk repository even when it does not look like one "
+        "(it does when it holds 'repo' or 'refs/')",
+    )
+    versions = g.add_mutually_exclusive_group()
+    versions.add_argument(
+        "--branch",
+        metavar="NAME",
+        help="serve the head of this branch and follow it (default: main)",
+    )
+    versions.add_argument("--tag", metavar="NAME", help="serve this tag")
+    versions.add_argument("--snapshot", metavar="ID", help="serve this snapshot")
+    versions.add_argument(
+        "--versions",
+        action="store_true",
+        help="serve the history as directories: branches/NAME, tags/NAME, snapshots/ID, "
+        "each loaded on first use (a catalog: --max-loaded-sets, --catalog-ttl apply)",
+    )
+    g.add_argument(
+        "--containers",
+        type=lambda text: [prefix for prefix in text.split(",") if prefix],
+        metavar="PREFIX,...",
+        help="read virtual chunks only under these URL prefixes (within the virtual chunk "
+        "containers the repository declares; default: all of those)",
+    )
+
+
 def split_mount_options(text: str) -> list[str]:
     """Split on commas not escaped with a backslash."""
     parts, current, chars = [], [], iter(text)
@@ -562,11 +603,12 @@ def refs_location(given: str | None) -> str:
 def per_protocol(options: dict[str, Any], remote_protocol: str | None) -> dict[str, dict]:
     """Remote options by scope: which hosts receive which options.
 
-    * Keyed options, where every key is a protocol fsspec knows (``"s3"``) or a protocol
+    * Keyed options, where every key is a protocol fsspec knows (``"s3"``), a protocol
       and host (``"https://data.example.org"``, ``"http://host:8080"``, ``"s3://bucket"``)
-      and every value an object, are kept as given: a protocol's entry applies to every
-      host of that protocol, a host's entry only to that host (over the protocol's,
-      key by key).
+      or a URL prefix (``"s3://bucket/data/"``) and every value an object, are kept as
+      given: a protocol's entry applies to every host of that protocol, a host's entry
+      only to that host (over the protocol's, key by key), a prefix's only to URLs under
+      it (over its host's).
     * Flat options with ``--remote-protocol P`` apply to protocol P (as ``{P: options}``).
     * Flat options without it are kept under ``"*"``: at start the daemon binds them to
       the one remote host the reference set points at, and refuses to start when the set
@@ -582,9 +624,8 @@ def per_protocol(options: dict[str, Any], remote_protocol: str | None) -> dict[s
     protocols = set(fsspec.available_protocols())
 
     def is_scope(key: str) -> bool:
-        protocol, separator, host = key.partition("://")
-        host = host.rstrip("/")
-        return protocol in protocols and (not separator or (bool(host) and "/" not in host))
+        protocol, separator, rest = key.partition("://")
+        return protocol in protocols and (not separator or bool(rest.partition("/")[0]))
 
     if all(is_scope(k) and isinstance(v, dict) for k, v in options.items()):
         return {k: dict(v) for k, v in options.items()}

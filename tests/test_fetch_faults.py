@@ -470,7 +470,9 @@ def test_flat_options_for_many_hosts_are_refused() -> None:
         ({"anon": True}, "s3", {"s3": {"anon": True}}),
         ({"anon": True}, None, {"*": {"anon": True}}),
         ({"s3": {"anon": True}, "key": "k"}, None, {"*": {"s3": {"anon": True}, "key": "k"}}),
-        ({"https://h.example/path": {"a": 1}}, None, {"*": {"https://h.example/path": {"a": 1}}}),
+        # a URL prefix (an Icechunk virtual chunk container) is a scope of its own
+        ({"https://h.example/path/": {"a": 1}}, None, {"https://h.example/path/": {"a": 1}}),
+        ({"https://": {"a": 1}}, None, {"*": {"https://": {"a": 1}}}),
     ],
 )
 def test_per_protocol_tells_keyed_from_flat(

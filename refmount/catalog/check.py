@@ -12,6 +12,7 @@ from refmount.catalog.names import plan
 from refmount.catalog.source import list_sets
 from refmount.check import CheckOptions, Report, check
 from refmount.errors import RefsError
+from refmount.icechunk import is_repository
 from refmount.redaction import display_url
 
 
@@ -45,7 +46,11 @@ def check_catalog(options: CheckOptions, progress: Any = None) -> CatalogReport:
     listing = plan(found)
     report.problems += listing.problems
     for path, entry in listing.sets.items():
-        report.sets[path] = check(dataclasses.replace(options, refs=entry.found.url), progress)
+        url = entry.found.url
+        one = dataclasses.replace(
+            options, refs=url, icechunk=is_repository(url, options.refs_options)
+        )
+        report.sets[path] = check(one, progress)
     return report
 
 

@@ -7,12 +7,13 @@ from collections.abc import Callable
 
 import fsspec.core
 
-from refmount.catalog import source
+from refmount.catalog import source, versions
 from refmount.catalog.catalog import Catalog
 from refmount.catalog.sets import TreeFactory
 from refmount.catalog.view import CatalogTree
 from refmount.errors import RefsError
 from refmount.fetch import Fetcher
+from refmount.icechunk import is_repository
 from refmount.options import Config
 from refmount.redaction import shown
 from refmount.refs import RefSet
@@ -28,13 +29,22 @@ def open_catalog(
 ) -> tuple[Catalog, CatalogTree]:
     """List REFS (a failure is a failed start) and make the catalog and its view.  Each
     set is read by ``load_refset`` with the mount's options and bounds, REFS replaced by
-    the set's URL; ``make_tree`` makes a view of a loaded set (a plain Tree by default)."""
+    the set's URL; ``make_tree`` makes a view of a loaded set (a plain Tree by default).
+    With ``--versions`` REFS is an Icechunk repository and its sets are its versions
+    (:mod:`refmount.catalog.versions`)."""
 
     def list_sets() -> list[source.Found]:
+        if config.versions:
+            return versions.list_versions(config.refs, config.refs_options)
         return source.list_sets(config.refs, config.refs_options, timeout=config.timeout)
 
     def load(url: str) -> RefSet:
-        return load_refset(dataclasses.replace(config, refs=url))
+        if config.versions:
+            repository, version = versions.version_of(url)
+            one = dataclasses.replace(config, refs=repository, icechunk=True, **version)
+            return load_refset(one)
+        icechunk = is_repository(url, config.refs_options)
+        return load_refset(dataclasses.replace(config, refs=url, icechunk=icechunk))
 
     def tree(refset: RefSet, generation: int, directories: dict[int, str] | None) -> Tree:
         return Tree(
@@ -48,6 +58,8 @@ def open_catalog(
 
     def signature(url: str) -> tuple[str, ...]:
         fs, path = fsspec.core.url_to_fs(url, **config.refs_options)
+        if is_repository(url, config.refs_options):  # its repo object changes per commit
+            path = f"{path.rstrip('/')}/repo"
         info = fs.info(path)
         return tuple(f"{k}={info[k]}" for k in source.SIGNATURE_FIELDS if info.get(k) is not None)
 

@@ -90,8 +90,10 @@ class Fetcher:
     """Fetches byte ranges and sizes of remote files named by full URLs.
 
     ``remote_options`` holds fsspec storage options by *scope*: a protocol (``"s3"``,
-    applies to every host of it) or a protocol and host (``"https://data.example.org"``,
-    ``"s3://bucket"``; applies only there, and wins over the protocol's entry key by key).
+    applies to every host of it), a protocol and host (``"https://data.example.org"``,
+    ``"s3://bucket"``; applies only there, and wins over the protocol's entry key by key)
+    or a URL prefix (``"s3://bucket/data/"``, an Icechunk virtual chunk container; applies
+    only to URLs under it, over its host's entry).
     Options given flat (``FLAT``) apply to no host until :meth:`confine_flat_options`
     has bound them to the one remote host of the reference set.  A host never receives
     options given for another, so a bearer token for one server is never sent to the
@@ -111,9 +113,11 @@ class Fetcher:
         self._sizes: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
         self.remote_options = {
-            key if key == FLAT or "://" not in key else scope_of(key): dict(value)
+            key if key == FLAT or "://" not in key or is_prefix(key) else scope_of(key): dict(value)
             for key, value in self.remote_options.items()
         }
+        #: the URL prefixes given options of their own, longest first
+        self._prefixes = sorted(filter(is_prefix, self.remote_options), key=len, reverse=True)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -252,7 +256,7 @@ class Fetcher:
         protocol = protocol_of(url)
         if protocol in LOCAL_PROTOCOLS:
             return self._local
-        scope = scope_of(url)
+        scope = next((p for p in self._prefixes if url.startswith(p)), None) or scope_of(url)
         if scope not in self.remote_options:
             scope = f"{protocol}://"
         backend = self._backends.get(scope)
@@ -275,8 +279,10 @@ class Fetcher:
 
     def _options_for(self, protocol: str, scope: str) -> dict[str, Any]:
         """The fsspec storage options of one scope: those given for its protocol, then
-        those given for its host on top (key by key)."""
-        options = {**self.remote_options.get(protocol, {}), **self.remote_options.get(scope, {})}
+        those given for its host on top (key by key), then for a URL prefix's own."""
+        options: dict[str, Any] = {}
+        for key in dict.fromkeys((protocol, scope_of(scope), scope)):
+            options.update(self.remote_options.get(key, {}))
         if protocol == "s3":
             # botocore keeps 10 connections unless told otherwise; match our concurrency.
             config = dict(options.get("config_kwargs", {}))
@@ -369,6 +375,13 @@ async def _take(limiter: trio.CapacityLimiter) -> None:
 
 
 @functools.lru_cache(maxsize=URL_MEMO)
+def is_prefix(key: str) -> bool:
+    """Whether an options key is a URL prefix (``s3://bucket/data/``), not a protocol or
+    a host."""
+    _, separator, rest = key.partition("://")
+    return bool(separator) and bool(rest.partition("/")[2])
+
+
 def scope_of(url: str) -> str:
     """``protocol://host`` of a URL (host with its port, without user information; the
     bucket for object stores): what options and request limits are kept per."""

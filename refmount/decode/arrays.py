@@ -52,7 +52,7 @@ class ChunkDecoder:
     dtype: np.dtype
     order: str
     stages: tuple[Stage, ...]  # in decoding order
-    sizes: tuple[int, ...]  # each stage's output size
+    sizes: tuple[int | None, ...]  # each stage's output size (None: input less overhead)
     error: str | None = None
 
     @property
@@ -68,7 +68,10 @@ class ChunkDecoder:
         data: Buffer = raw
         if not self.stages and len(data) != self.size:
             raise DecodeError(f"an uncompressed chunk of {len(data)} bytes, not {self.size}")
-        for stage, size in zip(self.stages, self.sizes, strict=True):
+        for stage, known in zip(self.stages, self.sizes, strict=True):
+            size = len(data) - (stage.overhead or 0) if known is None else known
+            if size < 0:
+                raise DecodeError(f"{stage.codec_id}: {len(data)} bytes hold no checksum")
             data = stage.decode(data, size)
             if len(data) != size:
                 raise DecodeError(f"{stage.codec_id} decoded {len(data)} bytes, not {size}")
@@ -198,15 +201,20 @@ def _decoder(
     return ChunkDecoder(key, size, chunks, dtype, order, stages, sizes)
 
 
-def _stage_sizes(stages: tuple[Stage, ...], size: int) -> tuple[int, ...]:
-    """Each stage's exact output size, the last stage's being the chunk's."""
+def _stage_sizes(stages: tuple[Stage, ...], size: int) -> tuple[int | None, ...]:
+    """Each stage's exact output size, the last stage's being the chunk's.  ``None``: a
+    checksum's output before a compressor, its input less the checksum (the input's
+    size is bounded by :attr:`ChunkDecoder.max_raw_size`)."""
     if not stages:
         return ()
     sizes = [size]
-    for stage in reversed(stages[1:]):
-        before = stage.encoded_size(sizes[0])
+    for at in range(len(stages) - 1, 0, -1):
+        before = stages[at].encoded_size(sizes[0])
         if before is None:
-            raise CodecError(f"{stage.codec_id} as a filter before others is not decoded")
+            unchecked = [s.codec_id for s in stages[:at] if s.overhead is None]
+            if unchecked:
+                raise CodecError(f"{stages[at].codec_id} after {unchecked[-1]} is not decoded")
+            return (*[None] * at, *sizes)
         sizes.insert(0, before)
     return tuple(sizes)
 

@@ -42,11 +42,14 @@ class DecodeError(Exception):
 class Stage:
     """One codec's decoding.  ``decode(data, size)`` returns exactly ``size`` bytes or
     raises :class:`DecodeError`; ``encoded_size(size)`` is the exact size of the input
-    that decodes to ``size`` bytes, or ``None`` where only the data says (compressors)."""
+    that decodes to ``size`` bytes, or ``None`` where only the data says (compressors).
+    ``overhead``: the bytes a checksum adds, set for stages whose output is their input
+    less that many bytes, so they may run before a compressor (Zarr v3 ``crc32c`` last)."""
 
     codec_id: str
     decode: Callable[[Buffer, int], Buffer]
     encoded_size: Callable[[int], int | None]
+    overhead: int | None = None
 
 
 # -- checking parameters ----------------------------------------------------------------
@@ -128,10 +131,12 @@ def _zstd(config: Mapping[str, Any]) -> Stage:
     import zstandard
 
     def decode(data: Buffer, size: int) -> Buffer:
-        declared = zstandard.frame_content_size(data)
-        if declared >= 0 and declared != size:
-            raise DecodeError(f"zstd frame declares {declared} bytes where the chunk has {size}")
         try:
+            declared = zstandard.frame_content_size(data)  # not a zstd frame: ZstdError
+            if declared >= 0 and declared != size:
+                raise DecodeError(
+                    f"zstd frame declares {declared} bytes where the chunk has {size}"
+                )
             out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
         except zstandard.ZstdError as exc:
             raise DecodeError(f"zstd: {exc}") from None
@@ -293,7 +298,26 @@ def _checksum(codec_id: str, config: Mapping[str, Any]) -> Stage:
         except RuntimeError as exc:
             raise DecodeError(f"{codec_id}: {exc}") from None
 
-    return Stage(codec_id, decode, lambda size: size + 4)
+    return Stage(codec_id, decode, lambda size: size + 4, overhead=4)
+
+
+def _crc32c(config: Mapping[str, Any]) -> Stage:
+    """CRC-32C (Castagnoli) of the data, 4 bytes little-endian after it (Zarr v3's
+    ``crc32c`` codec, numcodecs' ``crc32c`` with its default ``location`` "end")."""
+    import google_crc32c
+
+    if config.get("location", "end") != "end":
+        raise CodecError(f"crc32c: location {config.get('location')!r} is not decoded")
+
+    def decode(data: Buffer, size: int) -> Buffer:
+        _exact(data, size + 4, "crc32c")
+        body = bytes(memoryview(data)[:size])  # google_crc32c reads bytes, not views
+        stored = int.from_bytes(memoryview(data)[size:], "little")
+        if google_crc32c.value(body) != stored:
+            raise DecodeError("crc32c: the checksum does not match the chunk's bytes")
+        return body
+
+    return Stage("crc32c", decode, lambda size: size + 4, overhead=4)
 
 
 def _to_bytes(values: Any) -> Buffer:
@@ -323,6 +347,7 @@ BUILDERS: dict[str, Callable[[Mapping[str, Any]], Stage]] = {
     "fletcher32": lambda config: _checksum("fletcher32", config),
     "crc32": lambda config: _checksum("crc32", config),
     "adler32": lambda config: _checksum("adler32", config),
+    "crc32c": _crc32c,
 }
 
 

@@ -23,7 +23,8 @@ An array the view cannot present (variable-length or structured dtype, a ``.zarr
 that is not Zarr v2 or not held inline, chunk bytes over the bound) is left out whole:
 its directory, metadata and chunks are not in the view, and ``.zmetadata`` does not
 list it.  Each such array is logged once.  An array whose codecs refmount does not
-decode stays, and its chunks read as EIO.
+decode stays, and its chunks read as EIO.  A Zarr v3 tree is first presented as the v2
+tree of the same data (:mod:`refmount.decode.v3tree`), its refusals left out alike.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from refmount.decode.arrays import Array, ArrayRefused, ChunkDecoder, parse_zarray
 from refmount.decode.jsontext import dump_json, repair_document
 from refmount.decode.scalars import created_attributes, scalar_attributes
+from refmount.decode.v3tree import V3AsV2, presented_as_v2
 from refmount.refs.model import Child, Ref, RefSet
 from refmount.tree import GENERATION_SPAN
 
@@ -82,7 +84,7 @@ class DecodedRefSet(RefSet):
     """``raw`` with its arrays decoded; ``serial`` names it in its chunks' URLs."""
 
     def __init__(self, raw: RefSet, serial: int) -> None:
-        self.raw = raw
+        self.raw = presented_as_v2(raw)
         self.serial = serial
         self.mtime = raw.mtime
         self._arrays: dict[str, Array | ArrayRefused | None] = {}  # directory -> its array
@@ -101,7 +103,10 @@ class DecodedRefSet(RefSet):
             pass
         found: Array | ArrayRefused | None = None
         file_id = self.raw.file_id(_join(path, ".zarray"))
-        if file_id is not None:
+        refused = self.raw.refused(path) if isinstance(self.raw, V3AsV2) else None
+        if refused is not None:
+            found = ArrayRefused(refused)  # logged by the v3 tree
+        elif file_id is not None:
             ref = self.raw.ref(file_id)
             try:
                 if ref.data is None:

@@ -1,0 +1,366 @@
+"""The decoded view of a Zarr v3 tree (issue 21): ``zarr.json`` metadata as a Zarr v2
+tree, v3 codec pipelines through the v2 decoding, data types, refusals.
+
+The trees are what zarr 3 writes (tests/support/v3_sets.py), served from JSON reference
+sets; tests/test_decode_readers_v3.py reads them, and VirtualiZarr's Icechunk metadata,
+with every reader of the matrix.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+import struct
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import google_crc32c
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
+
+from refmount.decode import ArrayRefused, DecodedRefSet, DecodeError, parse_zarray
+from refmount.decode.v3 import Array, parse_node
+from refmount.decode.v3codecs import v2_pipeline
+from refmount.decode.v3tree import V3AsV2
+from refmount.refs import open_refset
+from tests.conftest import Mounted
+from tests.support.mounting import REFMOUNT, child_env
+from tests.support.v3_sets import native_arrays, store_refs, write_refs
+
+
+def node(**fields: object) -> bytes:
+    meta: dict[str, object] = {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": [4, 6],
+        "data_type": "float32",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2, 3]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": "NaN",
+        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+        "attributes": {},
+        "dimension_names": ["y", "x"],
+    }
+    meta.update(fields)
+    return json.dumps(meta).encode()
+
+
+def array(**fields: object) -> Array:
+    found = parse_node(node(**fields))
+    assert isinstance(found, Array)
+    return found
+
+
+# -- metadata -----------------------------------------------------------------------------
+
+
+def test_virtualizarr_metadata_becomes_a_v2_zarray_with_the_same_codecs() -> None:
+    """VirtualiZarr's v3 metadata of a netCDF4 zlib + shuffle variable (as its Icechunk
+    repository holds it) is the .zarray kerchunk would write, plus its separator."""
+    found = array(
+        data_type="int16",
+        fill_value=-32767,
+        codecs=[
+            {"name": "bytes", "configuration": {"endian": "little"}},
+            {"name": "numcodecs.shuffle", "configuration": {"elementsize": 2}},
+            {"name": "numcodecs.zlib", "configuration": {"level": 4}},
+        ],
+        attributes={"scale_factor": 0.01, "_FillValue": -32767},
+        dimension_names=["y", None],
+    )
+    assert found.zarray == {
+        "zarr_format": 2, "shape": [4, 6], "chunks": [2, 3], "dtype": "<i2",
+        "compressor": {"id": "zlib", "level": 4},
+        "filters": [{"id": "shuffle", "elementsize": 2}],
+        "fill_value": -32767, "order": "C", "dimension_separator": "/",
+    }  # fmt: skip
+    assert found.attributes == {
+        "scale_factor": 0.01, "_FillValue": -32767, "_ARRAY_DIMENSIONS": ["y", "_Anonymous_Dim_6"]
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("stored", "number"),
+    [
+        (base64.b64encode(struct.pack("<d", -999.0)).decode(), -999.0),
+        (base64.b64encode(struct.pack("<d", 9.969209968386869e36)).decode(), 9.969209968386869e36),
+        ("not base64 of a double", "not base64 of a double"),
+    ],
+)
+def test_a_base64_fill_value_attribute_becomes_its_number(stored: str, number: object) -> None:
+    assert array(attributes={"_FillValue": stored}).attributes["_FillValue"] == number
+
+
+def test_a_nan_fill_value_attribute_becomes_the_nan_string_of_the_decoded_view(
+    tmp_path: Path,
+) -> None:
+    stored = base64.b64encode(struct.pack("<d", float("nan"))).decode()
+    refs = {"zarr.json": group_json(), "a/zarr.json": node(attributes={"_FillValue": stored})}
+    view = DecodedRefSet(v3_view(refs, tmp_path).raw, 0)
+    attributes = json.loads(view.ref(view.file_id("a/.zattrs")).data)
+    assert attributes["_FillValue"] == "NaN"
+
+
+@pytest.mark.parametrize(
+    ("fill", "data_type", "v2"),
+    [
+        ("NaN", "float32", "NaN"),
+        ("-Infinity", "float64", "-Infinity"),
+        ("0x7fc00000", "float32", "NaN"),
+        ("0x3ff8000000000000", "float64", 1.5),
+        (True, "bool", True),
+        (None, "int8", None),
+    ],
+)
+def test_fill_values_are_written_as_v2_writes_them(
+    fill: object, data_type: str, v2: object
+) -> None:
+    assert array(fill_value=fill, data_type=data_type).zarray["fill_value"] == v2
+
+
+@pytest.mark.parametrize(
+    ("data_type", "endian", "dtype"),
+    [
+        ("bool", None, "|b1"),
+        ("uint8", None, "|u1"),
+        ("int64", "big", ">i8"),
+        ("float16", "little", "<f2"),
+        ("complex64", "little", "<c8"),
+        ("complex128", "big", ">c16"),
+        ({"name": "numpy.datetime64", "configuration": {"unit": "s", "scale_factor": 1}},
+         "little", "<M8[s]"),
+        ({"name": "numpy.timedelta64", "configuration": {"unit": "ms", "scale_factor": 10}},
+         "little", "<m8[10ms]"),
+        ({"name": "fixed_length_utf32", "configuration": {"length_bytes": 20}}, "little", "<U5"),
+        ({"name": "null_terminated_bytes", "configuration": {"length_bytes": 7}}, None, "|S7"),
+    ],
+)  # fmt: skip
+def test_data_types_become_the_v2_dtype_readers_read(
+    data_type: object, endian: str | None, dtype: str
+) -> None:
+    serializer = {"name": "bytes", "configuration": {"endian": endian} if endian else {}}
+    found = array(data_type=data_type, codecs=[serializer], fill_value=0)
+    assert found.zarray["dtype"] == dtype
+    assert parse_zarray(json.dumps(found.zarray).encode()).decoder.error is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"data_type": "string", "codecs": [{"name": "vlen-utf8"}]}, "variable-length"),
+        ({"data_type": "r16"}, "no Zarr v2 dtype"),
+        ({"data_type": {"name": "numpy.datetime64", "configuration": {"unit": "eon"}}}, "unit"),
+        (
+            {"codecs": [{"name": "sharding_indexed", "configuration": {"chunk_shape": [1, 1]}}]},
+            "sharded",
+        ),
+        ({"codecs": [{"name": "transpose", "configuration": {"order": [0, 2, 1]}}]}, "neither C"),
+        ({"chunk_grid": {"name": "rectilinear"}}, "regular grid"),
+        ({"chunk_key_encoding": {"name": "custom"}}, "chunk_key_encoding"),
+        ({"dimension_names": ["y"]}, "dimension_names"),
+        ({"storage_transformers": [{"name": "x"}]}, "storage transformers"),
+        ({"zarr_format": 2}, "not Zarr v3"),
+    ],
+)
+def test_what_v2_cannot_say_is_refused_with_its_reason(fields: dict, reason: str) -> None:
+    with pytest.raises(ArrayRefused, match=reason):
+        parse_node(node(**fields))
+
+
+def test_transpose_is_the_order_and_unknown_codecs_keep_their_name() -> None:
+    transposed = v2_pipeline(
+        [{"name": "transpose", "configuration": {"order": [2, 1, 0]}}, {"name": "bytes"}], 3
+    )
+    assert transposed.order == "F" and transposed.compressor is None
+    unknown = v2_pipeline(
+        [{"name": "bytes"}, {"name": "numcodecs.pickle"}, {"name": "imagecodecs_jpeg"}], 2
+    )
+    assert unknown.filters == [{"id": "numcodecs.pickle"}]
+    assert unknown.compressor == {"id": "imagecodecs_jpeg"}
+    decoder = parse_zarray(
+        json.dumps({**array().zarray, "filters": unknown.filters, "compressor": None}).encode()
+    ).decoder
+    assert decoder.error == "codec 'numcodecs.pickle' is not one refmount decodes"
+
+
+def test_a_crc32c_after_zstd_is_checked_then_decompressed() -> None:
+    """zarr 3's ``[bytes, zstd, crc32c]``: the checksum runs before the compressor's
+    output size is known; the chunk is checked, and a flipped byte is an error."""
+    values = np.arange(6, dtype="<f4")
+    store: dict = {}
+    written = zarr.create_array(
+        store, shape=(6,), chunks=(6,), dtype="f4",
+        serializer=BytesCodec(), compressors=[ZstdCodec(level=1), Crc32cCodec()],
+    )  # fmt: skip
+    written[...] = values
+    meta = parse_node(store["zarr.json"].to_bytes())
+    assert isinstance(meta, Array)
+    assert meta.zarray["filters"] == [{"id": "zstd"}]
+    assert meta.zarray["compressor"] == {"id": "crc32c"}
+    decoder = parse_zarray(json.dumps(meta.zarray).encode()).decoder
+    raw = store["c/0"].to_bytes()
+    assert decoder.decode(raw) == values.tobytes()
+    with pytest.raises(DecodeError, match="crc32c: the checksum"):
+        decoder.decode(raw[:5] + bytes([raw[5] ^ 1]) + raw[6:])
+    garbled = b"\0" * (len(raw) - 4)  # not zstd, with a right checksum
+    with pytest.raises(DecodeError, match="zstd"):
+        decoder.decode(garbled + google_crc32c.value(garbled).to_bytes(4, "little"))
+
+
+# -- the tree -------------------------------------------------------------------------------
+
+
+def group_json(**attributes: object) -> bytes:
+    return json.dumps({"zarr_format": 3, "node_type": "group", "attributes": attributes}).encode()
+
+
+def v3_view(refs: dict[str, bytes | str], tmp_path: Path) -> V3AsV2:
+    text = {k: v.decode() if isinstance(v, bytes) else v for k, v in refs.items()}
+    raw = open_refset(str(write_refs({"version": 1, "refs": text}, tmp_path / "refs.json")))
+    assert isinstance(DecodedRefSet(raw, 0).raw, V3AsV2)
+    return V3AsV2(raw)
+
+
+def names(view: V3AsV2, path: str) -> list[str]:
+    return [child.name for child in view.children(path)]
+
+
+def test_the_v2_tree_of_a_zarr3_store(tmp_path: Path) -> None:
+    """Keys as v2 readers look them up: metadata per node, no zarr.json, chunks under
+    their v2 names and the same file ids as their v3 keys; ``.zmetadata`` lists every
+    node, the sharded array too (the decoded view drops it)."""
+    native_arrays(tmp_path / "store.zarr")
+    raw = open_refset(str(write_refs(store_refs(tmp_path / "store.zarr"), tmp_path / "r.json")))
+    view = V3AsV2(raw)
+    assert names(view, "")[:3] == [".zgroup", ".zattrs", ".zmetadata"]
+    assert "zarr.json" not in names(view, "") and "default" in names(view, "")
+    assert names(view, "default") == [".zarray", ".zattrs", "0", "1", "2"]
+    assert names(view, "default/1") == ["0", "1", "2"]
+    chunk = view.file_id("default/1/2")
+    assert chunk == raw.file_id("default/c/1/2") and view.key(chunk) == "default/1/2"
+    assert view.ref(chunk) == raw.ref(chunk)
+    assert view.file_id("default/zarr.json") is None and view.file_id("default/c/1/2") is None
+    assert view.is_dir("default/1") and not view.is_dir("default/c")
+    zarray = json.loads(view.ref(view.file_id("default/.zarray")).data)
+    assert zarray["dimension_separator"] == "/" and zarray["compressor"] == {"id": "zstd"}
+    consolidated = json.loads(view.ref(view.file_id(".zmetadata")).data)["metadata"]
+    assert consolidated[".zattrs"] == {"title": "zarr 3 native"}
+    assert consolidated["gzip/.zattrs"] == {"_ARRAY_DIMENSIONS": ["gzip_0"]}
+    assert {k.partition("/")[0] for k in consolidated if "/" in k} == {
+        "default", "transposed", "checksummed", "zstd_crc32c", "gzip", "blosc", "bigendian"
+    }  # fmt: skip
+    assert view.refused("sharded") is not None and "sharded" in view.refused("sharded")
+    decoded = DecodedRefSet(raw, 0)
+    assert "sharded" not in [c.name for c in decoded.children("")]
+
+
+@pytest.mark.parametrize(
+    ("encoding", "chunk_key"),
+    [
+        ({"name": "default", "configuration": {"separator": "."}}, "a/c.1.0"),
+        ({"name": "v2", "configuration": {"separator": "."}}, "a/1.0"),
+        ({"name": "v2", "configuration": {"separator": "/"}}, "a/1/0"),
+    ],
+)
+def test_other_chunk_key_encodings(encoding: dict, chunk_key: str, tmp_path: Path) -> None:
+    separator = encoding["configuration"]["separator"]
+    values = np.arange(6, dtype="<f4").reshape(2, 3)
+    view = v3_view({
+        "zarr.json": group_json(),
+        "a/zarr.json": node(chunk_key_encoding=encoding),
+        chunk_key: "base64:" + base64.b64encode(values.tobytes()).decode(),
+    }, tmp_path)  # fmt: skip
+    presented = f"a/1{separator}0"
+    file_id = view.file_id(presented)
+    assert file_id is not None and view.key(file_id) == presented
+    listed = names(view, "a") if separator == "." else names(view, "a/1")
+    assert listed == [".zarray", ".zattrs", "1.0"] if separator == "." else ["0"]
+    zarray = json.loads(view.ref(view.file_id("a/.zarray")).data)
+    assert zarray["dimension_separator"] == separator
+
+
+def test_a_rank0_array_chunk_c_is_0(tmp_path: Path) -> None:
+    view = v3_view({
+        "zarr.json": group_json(),
+        "s/zarr.json": node(shape=[], dimension_names=None, chunk_grid={
+            "name": "regular", "configuration": {"chunk_shape": []}
+        }),
+        "s/c": "base64:" + base64.b64encode(np.float32(2.5).tobytes()).decode(),
+    }, tmp_path)  # fmt: skip
+    assert names(view, "s") == [".zarray", ".zattrs", "0"]
+    assert view.file_id("s/0") == view.raw.file_id("s/c")
+    decoded = DecodedRefSet(view.raw, 0)
+    zarray = json.loads(decoded.ref(decoded.file_id("s/.zarray")).data)
+    assert zarray["shape"] == [1] and zarray["chunks"] == [1]
+    attributes = json.loads(decoded.ref(decoded.file_id("s/.zattrs")).data)
+    assert attributes == {"_ARRAY_DIMENSIONS": ["_scalar_"]}
+
+
+# -- through a mount ------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::zarr.errors.UnstableSpecificationWarning")
+def test_data_types_through_the_decoded_mount(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    """bool, complex, datetime, fixed-width strings and bytes read by zarr as written; a
+    variable-length string array is left out, named by the log and ``check --decode``;
+    the raw view is the v3 tree unchanged."""
+    store = tmp_path / "types.zarr"
+    group = zarr.open_group(store, mode="w")
+    values = {
+        "flags": np.array([True, False, True, True]),
+        "waves": np.array([1 + 2j, -3.5j, 0, 4], dtype="c8"),
+        "times": np.array(
+            ["2001-01-01T00:00:00", "2001-01-01T06:00:00", "NaT", "1970-01-01"], dtype="M8[s]"
+        ),
+        "names": np.array(["Zürich", "Ås", "", "Genève"], dtype="U6"),
+        "codes": np.array([b"AB", b"C", b"", b"DEF"], dtype="S3"),
+    }  # fmt: skip
+    for name, data in values.items():
+        group.create_array(name, data=data, chunks=(3,), dimension_names=["n"])
+    group.create_array("text", shape=(2,), dtype=str)[...] = np.array(["a", "bc"], dtype=object)
+    refs = write_refs(store_refs(store), tmp_path / "types.json")
+    mounted = mount(refs, "--decode")
+    opened = zarr.open_group(str(mounted.mountpoint), mode="r", zarr_format=2)
+    for name, data in values.items():
+        got = opened[name][...]
+        assert got.dtype == data.dtype and got.tolist() == data.tolist(), name
+    assert sorted(os.listdir(mounted.mountpoint)) == [
+        ".zattrs", ".zgroup", ".zmetadata", *sorted(values)
+    ]  # fmt: skip
+    assert "array 'text' is left out" in mounted.log() or "node 'text'" in mounted.log()
+    done = subprocess.run(
+        [*REFMOUNT, "check", "--decode", str(refs)],
+        capture_output=True, text=True, timeout=120, env=child_env(),
+    )  # fmt: skip
+    left_out = [line for line in done.stdout.splitlines() if ": left out:" in line]
+    assert len(left_out) == 1 and "text: left out: variable-length values" in left_out[0]
+    assert done.returncode == 1
+    raw = mount(refs)
+    assert sorted(os.listdir(raw.mountpoint)) == sorted([*values, "text", "zarr.json"])
+    assert (raw.mountpoint / "flags" / "zarr.json").read_bytes() == (
+        store / "flags" / "zarr.json"
+    ).read_bytes()
+
+
+def test_a_corrupt_checksummed_chunk_is_eio(mount: Callable[..., Mounted], tmp_path: Path) -> None:
+    store = tmp_path / "crc.zarr"
+    data = np.arange(8, dtype="<i4")
+    written = zarr.create_array(store, shape=(8,), chunks=(4,), dtype="i4",
+                                compressors=[Crc32cCodec()])  # fmt: skip
+    written[...] = data
+    chunk = store / "c" / "1"
+    chunk.write_bytes(chunk.read_bytes()[:-1] + b"\xff")
+    mounted = mount(write_refs(store_refs(store), tmp_path / "crc.json"), "--decode")
+    assert (mounted.mountpoint / "0").read_bytes() == data[:4].tobytes()
+    with pytest.raises(OSError) as failed:
+        (mounted.mountpoint / "1").read_bytes()
+    assert failed.value.errno == errno.EIO
+    assert "crc32c: the checksum does not match" in mounted.log()
+    assert mounted.process.poll() is None

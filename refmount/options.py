@@ -95,6 +95,7 @@ class Config:
     max_refs_size: int | None = None
     reload_interval: float | None = None
     decode: bool = False
+    decode_strings: str = "omit"
     catalog: bool = False
     catalog_ttl: float = 60.0
     max_loaded_sets: int = 64
@@ -426,6 +427,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve arrays' chunks decoded (decompressed, unfiltered, little-endian, C "
         "order) and their metadata rewritten to match, for readers without the codecs "
         "(README: Decoded view)",
+    )
+    g.add_argument(
+        "--decode-strings",
+        choices=["omit", "fixed"],
+        help="with --decode, string arrays: 'omit' (the default: Debian's netCDF-C 4.9.0 "
+        "dies on a tree holding one) or 'fixed' (fixed-width bytes |S<n>, for GDAL, zarr "
+        "and newer netCDF-C)",
     )
     g = p.add_argument_group("logging and life cycle")
     g.add_argument(

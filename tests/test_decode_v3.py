@@ -14,12 +14,14 @@ import json
 import os
 import struct
 import subprocess
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import google_crc32c
 import numpy as np
 import pytest
+import xarray as xr
 import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
@@ -113,7 +115,7 @@ def test_a_nan_fill_value_attribute_becomes_the_nan_string_of_the_decoded_view(
         ("-Infinity", "float64", "-Infinity"),
         ("0x7fc00000", "float32", "NaN"),
         ("0x3ff8000000000000", "float64", 1.5),
-        (True, "bool", True),
+        (True, "bool", 1),
         (None, "int8", None),
     ],
 )
@@ -124,29 +126,41 @@ def test_fill_values_are_written_as_v2_writes_them(
 
 
 @pytest.mark.parametrize(
-    ("data_type", "endian", "dtype"),
+    ("data_type", "endian", "dtype", "attributes"),
     [
-        ("bool", None, "|b1"),
-        ("uint8", None, "|u1"),
-        ("int64", "big", ">i8"),
-        ("float16", "little", "<f2"),
-        ("complex64", "little", "<c8"),
-        ("complex128", "big", ">c16"),
+        ("bool", None, "|u1", {}),
+        ("uint8", None, "|u1", {}),
+        ("int64", "big", ">i8", {}),
+        ("float16", "little", "<f2", {}),
         ({"name": "numpy.datetime64", "configuration": {"unit": "s", "scale_factor": 1}},
-         "little", "<M8[s]"),
-        ({"name": "numpy.timedelta64", "configuration": {"unit": "ms", "scale_factor": 10}},
-         "little", "<m8[10ms]"),
-        ({"name": "fixed_length_utf32", "configuration": {"length_bytes": 20}}, "little", "<U5"),
-        ({"name": "null_terminated_bytes", "configuration": {"length_bytes": 7}}, None, "|S7"),
+         "little", "<i8",
+         {"units": "seconds since 1970-01-01T00:00:00", "calendar": "proleptic_gregorian"}),
+        ({"name": "numpy.timedelta64", "configuration": {"unit": "ms", "scale_factor": 1}},
+         "big", ">i8", {"units": "milliseconds"}),
     ],
 )  # fmt: skip
-def test_data_types_become_the_v2_dtype_readers_read(
-    data_type: object, endian: str | None, dtype: str
+def test_data_types_become_a_v2_dtype_every_reader_reads(
+    data_type: object, endian: str | None, dtype: str, attributes: dict
 ) -> None:
     serializer = {"name": "bytes", "configuration": {"endian": endian} if endian else {}}
     found = array(data_type=data_type, codecs=[serializer], fill_value=0)
     assert found.zarray["dtype"] == dtype
+    assert found.attributes == {**attributes, "_ARRAY_DIMENSIONS": ["y", "x"]}
     assert parse_zarray(json.dumps(found.zarray).encode()).decoder.error is None
+
+
+@pytest.mark.parametrize(
+    ("data_type", "dtype"),
+    [
+        ({"name": "fixed_length_utf32", "configuration": {"length_bytes": 20}}, "<U5"),
+        ({"name": "null_terminated_bytes", "configuration": {"length_bytes": 7}}, "|S7"),
+    ],
+)
+def test_fixed_width_strings_are_served_only_when_asked(data_type: dict, dtype: str) -> None:
+    with pytest.raises(ArrayRefused, match="fixed-width strings: Debian's ncdump"):
+        parse_node(node(data_type=data_type, fill_value=""))
+    found = parse_node(node(data_type=data_type, fill_value=""), fixed_strings=True)
+    assert isinstance(found, Array) and found.zarray["dtype"] == dtype
 
 
 @pytest.mark.parametrize(
@@ -154,7 +168,12 @@ def test_data_types_become_the_v2_dtype_readers_read(
     [
         ({"data_type": "string", "codecs": [{"name": "vlen-utf8"}]}, "variable-length"),
         ({"data_type": "r16"}, "no Zarr v2 dtype"),
+        ({"data_type": "complex64"}, "complex values: Debian's ncdump"),
         ({"data_type": {"name": "numpy.datetime64", "configuration": {"unit": "eon"}}}, "unit"),
+        (
+            {"data_type": {"name": "numpy.datetime64", "configuration": {"unit": "Y"}}},
+            "CF time units",
+        ),
         (
             {"codecs": [{"name": "sharding_indexed", "configuration": {"chunk_shape": [1, 1]}}]},
             "sharded",
@@ -304,49 +323,77 @@ def test_a_rank0_array_chunk_c_is_0(tmp_path: Path) -> None:
 # -- through a mount ------------------------------------------------------------------------
 
 
-@pytest.mark.filterwarnings("ignore::zarr.errors.UnstableSpecificationWarning")
-def test_data_types_through_the_decoded_mount(
-    mount: Callable[..., Mounted], tmp_path: Path
-) -> None:
-    """bool, complex, datetime, fixed-width strings and bytes read by zarr as written; a
-    variable-length string array is left out, named by the log and ``check --decode``;
-    the raw view is the v3 tree unchanged."""
+TYPES = {
+    "flags": np.array([True, False, True, True]),
+    "waves": np.array([1 + 2j, -3.5j, 0, 4], dtype="c8"),
+    "times": np.array(
+        ["2001-01-01T00:00:00", "2001-01-01T06:00:00", "NaT", "1970-01-01"], dtype="M8[s]"
+    ),
+    "names": np.array(["Zürich", "Ås", "", "Genève"], dtype="U6"),
+    "codes": np.array([b"AB", b"C", b"", b"DEF"], dtype="S3"),
+    "level": np.array([1.5, 2.5, 3.5, 4.5], dtype="f4"),
+}
+VLEN = np.array(["a", "bc", "Zürich", ""], dtype=object)
+
+
+@pytest.fixture
+def types_refs(tmp_path: Path) -> Path:
+    """A v3 store of every data type, and a variable-length string array ``text``."""
     store = tmp_path / "types.zarr"
     group = zarr.open_group(store, mode="w")
-    values = {
-        "flags": np.array([True, False, True, True]),
-        "waves": np.array([1 + 2j, -3.5j, 0, 4], dtype="c8"),
-        "times": np.array(
-            ["2001-01-01T00:00:00", "2001-01-01T06:00:00", "NaT", "1970-01-01"], dtype="M8[s]"
-        ),
-        "names": np.array(["Zürich", "Ås", "", "Genève"], dtype="U6"),
-        "codes": np.array([b"AB", b"C", b"", b"DEF"], dtype="S3"),
-    }  # fmt: skip
-    for name, data in values.items():
-        group.create_array(name, data=data, chunks=(3,), dimension_names=["n"])
-    group.create_array("text", shape=(2,), dtype=str)[...] = np.array(["a", "bc"], dtype=object)
-    refs = write_refs(store_refs(store), tmp_path / "types.json")
-    mounted = mount(refs, "--decode")
-    opened = zarr.open_group(str(mounted.mountpoint), mode="r", zarr_format=2)
-    for name, data in values.items():
-        got = opened[name][...]
-        assert got.dtype == data.dtype and got.tolist() == data.tolist(), name
-    assert sorted(os.listdir(mounted.mountpoint)) == [
-        ".zattrs", ".zgroup", ".zmetadata", *sorted(values)
-    ]  # fmt: skip
-    assert "array 'text' is left out" in mounted.log() or "node 'text'" in mounted.log()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", zarr.errors.UnstableSpecificationWarning)
+        for name, data in TYPES.items():
+            group.create_array(name, data=data, chunks=(3,), dimension_names=["n"])
+        group.create_array("text", shape=(4,), chunks=(3,), dtype=str)[...] = VLEN
+    return write_refs(store_refs(store), tmp_path / "types.json")
+
+
+def check_decode(refs: Path, *args: str) -> list[str]:
     done = subprocess.run(
-        [*REFMOUNT, "check", "--decode", str(refs)],
+        [*REFMOUNT, "check", "--decode", *args, str(refs)],
         capture_output=True, text=True, timeout=120, env=child_env(),
     )  # fmt: skip
-    left_out = [line for line in done.stdout.splitlines() if ": left out:" in line]
-    assert len(left_out) == 1 and "text: left out: variable-length values" in left_out[0]
-    assert done.returncode == 1
-    raw = mount(refs)
-    assert sorted(os.listdir(raw.mountpoint)) == sorted([*values, "text", "zarr.json"])
-    assert (raw.mountpoint / "flags" / "zarr.json").read_bytes() == (
-        store / "flags" / "zarr.json"
-    ).read_bytes()
+    assert done.returncode == 1, done.stdout
+    return sorted(
+        line.split(":")[1].strip() for line in done.stdout.splitlines() if ": left out:" in line
+    )
+
+
+def test_data_types_through_the_decoded_mount(
+    mount: Callable[..., Mounted], types_refs: Path
+) -> None:
+    """Debian's ncdump reads the whole tree: bool as 0 and 1, times as integers with CF
+    units (xarray decodes them to the same times); complex and strings are left out,
+    named by ``check --decode``; the raw view is the v3 tree unchanged."""
+    mounted = mount(types_refs, "--decode")
+    root = mounted.mountpoint
+    assert sorted(os.listdir(root)) == [
+        ".zattrs",
+        ".zgroup",
+        ".zmetadata",
+        "flags",
+        "level",
+        "times",
+    ]
+    done = subprocess.run(
+        ["ncdump", f"file://{root}#mode=zarr,file"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert " flags = 1, 0, 1, 1 ;" in done.stdout and " level = 1.5, 2.5, 3.5, 4.5 ;" in done.stdout
+    assert 'times:units = "seconds since 1970-01-01T00:00:00" ;' in done.stdout
+    opened = zarr.open_group(str(root), mode="r", zarr_format=2)
+    assert opened["flags"][...].tolist() == [1, 0, 1, 1] and opened["flags"].dtype == "u1"
+    assert opened["times"][...].tolist() == TYPES["times"].view("i8").tolist()
+    with xr.open_zarr(str(root), consolidated=True) as ds:
+        assert ds["times"].values.astype("M8[s]").tolist() == TYPES["times"].tolist()
+    assert check_decode(types_refs) == ["codes", "names", "text", "waves"]
+    for name in ("waves", "names", "codes", "text"):
+        assert f"node {name!r} is left out" in mounted.log()
+    raw = mount(types_refs)
+    assert sorted(os.listdir(raw.mountpoint)) == sorted([*TYPES, "text", "zarr.json"])
+    stored = json.loads(types_refs.read_text())["refs"]["flags/zarr.json"]
+    assert (raw.mountpoint / "flags" / "zarr.json").read_text() == stored
 
 
 def test_a_corrupt_checksummed_chunk_is_eio(mount: Callable[..., Mounted], tmp_path: Path) -> None:

@@ -53,8 +53,11 @@ ChunkKey = tuple[str, Ref]
 class DecodedReads:
     """Reads through ``blocks``, decoding the chunks of decoded views it made."""
 
-    def __init__(self, blocks: BlockCache, *, workers: int | None = None) -> None:
+    def __init__(
+        self, blocks: BlockCache, *, workers: int | None = None, fixed_strings: bool = False
+    ) -> None:
         self.blocks = blocks
+        self.fixed_strings = fixed_strings
         self.workers = workers or max(1, os.cpu_count() or 1)
         self._limiter: trio.CapacityLimiter | None = None
         self._views: weakref.WeakValueDictionary[int, DecodedRefSet] = weakref.WeakValueDictionary()
@@ -70,7 +73,7 @@ class DecodedReads:
 
     def view(self, raw: RefSet) -> DecodedRefSet:
         """The decoded view of ``raw``, whose chunks this reads."""
-        view = DecodedRefSet(raw, next(self._serials))
+        view = DecodedRefSet(raw, next(self._serials), fixed_strings=self.fixed_strings)
         self._views[view.serial] = view
         return view
 

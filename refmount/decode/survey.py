@@ -19,10 +19,10 @@ class ArrayNote:
     reason: str | None = None
 
 
-async def survey(raw: RefSet) -> list[ArrayNote]:
+async def survey(raw: RefSet, *, fixed_strings: bool = False) -> list[ArrayNote]:
     """Every array of ``raw`` (a directory holding a ``.zarray``), in path order.  Arrays'
     own directories are not walked: their chunks say nothing more."""
-    view = DecodedRefSet(raw, serial=0)
+    view = DecodedRefSet(raw, serial=0, fixed_strings=fixed_strings)
     notes = []
     pending = [""]
     while pending:

@@ -2,10 +2,15 @@
 
 A group becomes ``.zgroup`` and ``.zattrs``; an array ``.zarray`` and ``.zattrs``:
 
-- the data type as the v2 dtype with the ``bytes`` codec's byte order (``bool`` as
-  ``|b1``, ``complex64`` as ``<c8``, ``numpy.datetime64`` with its unit as ``<M8[s]``,
-  ``fixed_length_utf32`` as ``<U<n>``, ``null_terminated_bytes`` as ``|S<n>``);
-  variable-length strings and bytes, raw bits and other types are refused;
+- the data type as a v2 dtype every reader of the matrix reads, with the ``bytes``
+  codec's byte order.  Found by running them (Debian's ncdump 4.9.0 dies, SIGSEGV, on
+  any tree holding a ``|b1``, complex, ``|S`` or ``<U`` array, whatever its fill value):
+  ``bool`` as ``|u1`` (0 and 1, the same bytes); ``numpy.datetime64`` and
+  ``numpy.timedelta64`` as ``<i8`` with CF ``units`` (``seconds since 1970-01-01``),
+  NaT the fill value; complex left out; fixed-width strings (``fixed_length_utf32``,
+  ``null_terminated_bytes``) left out unless ``fixed_strings`` (``--decode-strings
+  fixed``), then ``<U<n>`` and ``|S<n>``; variable-length strings and bytes, raw bits
+  and other types are left out;
 - the codecs as v2 ``filters`` and ``compressor`` (:mod:`refmount.decode.v3codecs`);
 - the fill value as v2 writes it (``"NaN"``, ``"Infinity"``; v3's hex spelling of a
   float's bits as the number);
@@ -39,17 +44,21 @@ ANONYMOUS_DIMENSION = "_Anonymous_Dim_{size}"
 FILL_VALUE_ATTRIBUTE = "_FillValue"
 
 _FIXED_TYPES = {
-    "bool": "b1",
+    "bool": "u1",
     **{f"int{8 * n}": f"i{n}" for n in (1, 2, 4, 8)},
     **{f"uint{8 * n}": f"u{n}" for n in (1, 2, 4, 8)},
     "float16": "f2",
     "float32": "f4",
     "float64": "f8",
-    "complex64": "c8",
-    "complex128": "c16",
 }
-_TIME_TYPES = {"numpy.datetime64": "M8", "numpy.timedelta64": "m8"}
-_TIME_UNITS = frozenset(("Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as"))
+#: numpy's time units that CF names, and their CF names.
+_TIME_UNITS = {
+    "W": "weeks", "D": "days", "h": "hours", "m": "minutes", "s": "seconds",
+    "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds",
+}  # fmt: skip
+_EPOCH = " since 1970-01-01T00:00:00"
+NAT = -(1 << 63)
+CRASHES_NCDUMP = "Debian's ncdump (netCDF-C 4.9.0) dies on a tree holding one"
 _HEX_FLOAT = re.compile(r"0x[0-9a-fA-F]+")
 _BASE64_DOUBLE = re.compile(r"[A-Za-z0-9+/]{11}=")
 
@@ -83,8 +92,17 @@ class Array:
     keys: ChunkKeys
 
 
-def parse_node(text: bytes) -> Group | Array:
-    """A ``zarr.json``'s node, or :class:`ArrayRefused` saying why it is not presented."""
+@dataclass(frozen=True)
+class _Type:
+    """A v3 data type as served: its v2 dtype, and the attributes that say what it was."""
+
+    dtype: np.dtype
+    attributes: dict[str, Any]
+
+
+def parse_node(text: bytes, *, fixed_strings: bool = False) -> Group | Array:
+    """A ``zarr.json``'s node, or :class:`ArrayRefused` saying why it is not presented.
+    ``fixed_strings``: serve fixed-width string arrays (readers other than ncdump 4.9.0)."""
     try:
         meta = json.loads(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -98,10 +116,10 @@ def parse_node(text: bytes) -> Group | Array:
         return Group(attributes)
     if meta.get("node_type") != "array":
         raise ArrayRefused(f"node_type {meta.get('node_type')!r} is neither group nor array")
-    return _array(meta, attributes)
+    return _array(meta, attributes, fixed_strings)
 
 
-def _array(meta: dict[str, Any], attributes: dict[str, Any]) -> Array:
+def _array(meta: dict[str, Any], attributes: dict[str, Any], fixed_strings: bool) -> Array:
     shape = meta.get("shape")
     if not isinstance(shape, list):
         raise ArrayRefused(f"shape {shape!r} is not a list")
@@ -113,7 +131,8 @@ def _array(meta: dict[str, Any], attributes: dict[str, Any]) -> Array:
     if meta.get("storage_transformers"):
         raise ArrayRefused("storage transformers are not decoded")
     pipeline = v2_pipeline(meta.get("codecs"), rank)
-    dtype = _dtype(meta.get("data_type"), pipeline.endian)
+    served = _type(meta.get("data_type"), pipeline.endian, fixed_strings)
+    dtype = served.dtype
     zarray = {
         "zarr_format": 2,
         "shape": shape,
@@ -121,41 +140,59 @@ def _array(meta: dict[str, Any], attributes: dict[str, Any]) -> Array:
         "dtype": dtype.str,
         "compressor": pipeline.compressor,
         "filters": pipeline.filters or None,
-        "fill_value": _fill_value(meta.get("fill_value"), dtype),
+        "fill_value": _fill_value(meta.get("fill_value"), dtype, served.attributes),
         "order": pipeline.order,
     }
     keys = _chunk_keys(meta.get("chunk_key_encoding"), rank)
     if rank:
         zarray["dimension_separator"] = keys.separator
+    attributes = {**served.attributes, **attributes}  # the set's own units stay
     return Array(zarray, _array_attributes(meta, attributes, shape, dtype), keys)
 
 
-def _dtype(data_type: Any, endian: str | None) -> np.dtype:
+def _type(data_type: Any, endian: str | None, fixed_strings: bool) -> _Type:
     order = endian or "<"
     if isinstance(data_type, str) and data_type in _FIXED_TYPES:
-        return np.dtype(order + _FIXED_TYPES[data_type])
+        return _Type(np.dtype(order + _FIXED_TYPES[data_type]), {})
+    if data_type in ("complex64", "complex128"):
+        raise ArrayRefused(f"complex values: {CRASHES_NCDUMP}")
     if data_type in ("string", "bytes", "variable_length_bytes"):
         raise ArrayRefused(f"variable-length values ({data_type}) have no fixed-size decoding")
     if isinstance(data_type, dict):
         name, configuration = data_type.get("name"), data_type.get("configuration") or {}
-        if name in _TIME_TYPES:
-            unit, scale = configuration.get("unit"), configuration.get("scale_factor", 1)
-            if unit not in _TIME_UNITS or not isinstance(scale, int) or not 1 <= scale < 1 << 31:
-                raise ArrayRefused(f"data type {data_type!r}: unit or scale_factor not decoded")
-            return np.dtype(f"{order}{_TIME_TYPES[name]}[{'' if scale == 1 else scale}{unit}]")
+        if name in ("numpy.datetime64", "numpy.timedelta64"):
+            return _time(data_type, configuration, order)
         length = configuration.get("length_bytes")
+        if name in ("fixed_length_utf32", "null_terminated_bytes") and not fixed_strings:
+            raise ArrayRefused(f"fixed-width strings: {CRASHES_NCDUMP} (--decode-strings fixed)")
         if isinstance(length, int) and not isinstance(length, bool) and 0 < length < 1 << 30:
             if name == "fixed_length_utf32" and length % 4 == 0:
-                return np.dtype(f"{order}U{length // 4}")
+                return _Type(np.dtype(f"{order}U{length // 4}"), {})
             if name == "null_terminated_bytes":
-                return np.dtype(f"|S{length}")
+                return _Type(np.dtype(f"|S{length}"), {})
     raise ArrayRefused(f"data type {data_type!r} has no Zarr v2 dtype refmount serves")
 
 
-def _fill_value(value: Any, dtype: np.dtype) -> Any:
+def _time(data_type: Any, configuration: dict[str, Any], order: str) -> _Type:
+    """A datetime or timedelta as the 64-bit integers it is, with CF ``units``."""
+    unit, scale = configuration.get("unit"), configuration.get("scale_factor", 1)
+    if unit not in _TIME_UNITS or scale != 1:
+        raise ArrayRefused(f"data type {data_type!r}: only CF time units, scale_factor 1")
+    since = _EPOCH if data_type["name"] == "numpy.datetime64" else ""
+    attributes = {"units": _TIME_UNITS[unit] + since}
+    if since:
+        attributes["calendar"] = "proleptic_gregorian"
+    return _Type(np.dtype(f"{order}i8"), attributes)
+
+
+def _fill_value(value: Any, dtype: np.dtype, time: dict[str, Any]) -> Any:
     """The v3 fill value as a v2 ``.zarray`` writes it."""
     if value is None:
         return None
+    if time and value == "NaT":
+        return NAT
+    if isinstance(value, bool) and dtype.kind == "u":
+        return int(value)
     if dtype.kind == "f" and isinstance(value, str):
         if value in ("NaN", "Infinity", "-Infinity"):
             return value
@@ -163,8 +200,6 @@ def _fill_value(value: Any, dtype: np.dtype) -> Any:
             bits = int(value, 16).to_bytes(dtype.itemsize, "big")
             number = float(np.frombuffer(bits, dtype=dtype.newbyteorder(">"))[0])
             return number if math.isfinite(number) else _non_finite(number)
-    if dtype.kind == "c" and isinstance(value, list) and len(value) == 2:
-        return [_fill_value(part, np.dtype(f"<f{dtype.itemsize // 2}")) for part in value]
     if dtype.kind in "SU" and isinstance(value, str):
         return base64.standard_b64encode(value.encode()).decode() if dtype.kind == "S" else value
     return value
@@ -199,16 +234,13 @@ def _array_attributes(
     ]
     out = {**attributes, DIMENSIONS_ATTRIBUTE: dimensions}
     fill = out.get(FILL_VALUE_ATTRIBUTE)
-    if dtype.kind in "fc" and isinstance(fill, str | list):
+    if dtype.kind == "f" and isinstance(fill, str):
         out[FILL_VALUE_ATTRIBUTE] = _base64_number(fill)
     return out
 
 
-def _base64_number(value: str | list[Any]) -> Any:
-    """A base64-encoded double as the number (a complex as ``[re, im]``); anything
-    else as it is."""
-    if isinstance(value, list):
-        return [_base64_number(part) if isinstance(part, str) else part for part in value]
+def _base64_number(value: str) -> Any:
+    """A base64-encoded double as the number; anything else as it is."""
     if not _BASE64_DOUBLE.fullmatch(value):
         return value
     try:

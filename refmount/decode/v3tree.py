@@ -66,8 +66,9 @@ def _json(document: object) -> bytes:
 class V3AsV2(RefSet):
     """``raw``, a Zarr v3 tree, as the v2 tree of the same data (see the module's doc)."""
 
-    def __init__(self, raw: RefSet) -> None:
+    def __init__(self, raw: RefSet, *, fixed_strings: bool = False) -> None:
         self.raw = raw
+        self.fixed_strings = fixed_strings
         self.mtime = raw.mtime
         self._nodes: dict[str, Node | None] = {}
         self._made_ids: dict[str, int] = {}  # key of a made file -> its file id
@@ -88,7 +89,7 @@ class V3AsV2(RefSet):
             try:
                 if ref.data is None:
                     raise ArrayRefused("its zarr.json is not held inline in the reference set")
-                found = parse_node(ref.data)
+                found = parse_node(ref.data, fixed_strings=self.fixed_strings)
             except ArrayRefused as exc:
                 found = exc
                 log.warning("node %r is left out of the decoded view: %s", path or "/", exc)
@@ -332,6 +333,6 @@ class V3AsV2(RefSet):
         self.raw.close()
 
 
-def presented_as_v2(raw: RefSet) -> RefSet:
+def presented_as_v2(raw: RefSet, *, fixed_strings: bool = False) -> RefSet:
     """``raw`` as a Zarr v2 tree: itself, or a v3 tree translated."""
-    return V3AsV2(raw) if holds_v3(raw) else raw
+    return V3AsV2(raw, fixed_strings=fixed_strings) if holds_v3(raw) else raw

@@ -81,10 +81,13 @@ def _join(path: str, name: str) -> str:
 
 
 class DecodedRefSet(RefSet):
-    """``raw`` with its arrays decoded; ``serial`` names it in its chunks' URLs."""
+    """``raw`` with its arrays decoded; ``serial`` names it in its chunks' URLs;
+    ``fixed_strings``: string arrays served as fixed-width bytes (``--decode-strings
+    fixed``), not left out."""
 
-    def __init__(self, raw: RefSet, serial: int) -> None:
-        self.raw = presented_as_v2(raw)
+    def __init__(self, raw: RefSet, serial: int, *, fixed_strings: bool = False) -> None:
+        self.fixed_strings = fixed_strings
+        self.raw = presented_as_v2(raw, fixed_strings=fixed_strings)
         self.serial = serial
         self.mtime = raw.mtime
         self._arrays: dict[str, Array | ArrayRefused | None] = {}  # directory -> its array

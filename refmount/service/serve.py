@@ -295,7 +295,7 @@ def _reads(
         return cache, lambda refset: refset
     from refmount.decode import DecodedReads  # numpy and numcodecs: only when asked
 
-    decoded = DecodedReads(cache)
+    decoded = DecodedReads(cache, fixed_strings=config.decode_strings == "fixed")
     return decoded, decoded.view
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from refmount.decode.codecs import Buffer, CodecError, DecodeError, Stage, build_stage
 from refmount.decode.jsontext import dump_json, repair_document, repair_fill_value
 from refmount.decode.scalars import as_one_element
+from refmount.decode.strings import MAX_WIDTH, StringDecoder, string_decoder, vlen_codecs
 
 #: The largest decoded chunk served (bytes): more is refused, not allocated.
 MAX_CHUNK_BYTES = 1 << 30
@@ -91,7 +92,7 @@ class Array:
     """A checked ``.zarray``: its decoding, its rewritten text, its chunk-key rules."""
 
     meta: dict[str, Any]
-    decoder: ChunkDecoder
+    decoder: ChunkDecoder | StringDecoder
     separator: str
     text: bytes  # the rewritten .zarray
 
@@ -132,10 +133,12 @@ def _little(dtype: np.dtype) -> str:
     return dtype.newbyteorder("<").str if dtype.byteorder == ">" else dtype.str
 
 
-def parse_zarray(text: bytes) -> Array:
+def parse_zarray(text: bytes, *, string_width: int | None = None) -> Array:
     """A ``.zarray``'s array, or :class:`ArrayRefused` saying why it is left out.  An
     array whose codecs refmount does not decode is not refused: its decoder carries the
-    error, so its chunks fail to read (EIO) rather than vanish."""
+    error, so its chunks fail to read (EIO) rather than vanish.  ``string_width``: a
+    variable-length string array's longest value, to serve it as ``|S<width>``
+    (:mod:`refmount.decode.strings`); without it such an array is refused."""
     try:
         meta = json.loads(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -147,6 +150,8 @@ def parse_zarray(text: bytes) -> Array:
         raise ArrayRefused(f"shape {shape!r} and chunks {chunks!r} are not dimensions alike")
     if len(chunks) > MAX_RANK or any(c <= 0 for c in chunks):
         raise ArrayRefused(f"chunks {chunks!r} are not positive sizes of at most {MAX_RANK} dims")
+    if string_width is not None and vlen_codecs(meta) is not None:
+        return _strings(meta, string_width)
     dtype = _dtype(meta.get("dtype"))
     size = math.prod(chunks) * dtype.itemsize
     if size > MAX_CHUNK_BYTES:
@@ -163,6 +168,23 @@ def parse_zarray(text: bytes) -> Array:
     except RecursionError:
         raise ArrayRefused(".zarray is nested too deep") from None
     return Array(meta, decoder, separator, rewritten)
+
+
+def _strings(meta: dict[str, Any], width: int) -> Array:
+    if not 0 < width <= MAX_WIDTH:
+        raise ArrayRefused(f"strings of {width} bytes, wider than {MAX_WIDTH}")
+    chunks = meta["chunks"]
+    if meta.get("order", "C") != "C" and len(chunks) > 1:
+        raise ArrayRefused("variable-length values in F order are not decoded")
+    if math.prod(chunks) * width > MAX_CHUNK_BYTES:
+        raise ArrayRefused(f"a chunk of {chunks} strings of {width} bytes is over the bound")
+    separator = meta.get("dimension_separator", ".")
+    if separator not in (".", "/"):
+        raise ArrayRefused(f"dimension_separator {separator!r} is neither '.' nor '/'")
+    shown = as_one_element(meta) if meta["shape"] == [] else dict(meta)
+    shown.update(dtype=f"|S{width}", order="C", compressor=None, filters=None, fill_value="")
+    text = dump_json(repair_document(shown, ".zarray"))
+    return Array(meta, string_decoder(meta, width), separator, text)
 
 
 def _dims(value: Any) -> bool:

@@ -44,12 +44,15 @@ class Stage:
     raises :class:`DecodeError`; ``encoded_size(size)`` is the exact size of the input
     that decodes to ``size`` bytes, or ``None`` where only the data says (compressors).
     ``overhead``: the bytes a checksum adds, set for stages whose output is their input
-    less that many bytes, so they may run before a compressor (Zarr v3 ``crc32c`` last)."""
+    less that many bytes, so they may run before a compressor (Zarr v3 ``crc32c`` last).
+    ``at_most(data, bound)``: a compressor's output of any size up to ``bound`` (what a
+    variable-length chunk decompresses to is known only so far), or ``None``."""
 
     codec_id: str
     decode: Callable[[Buffer, int], Buffer]
     encoded_size: Callable[[int], int | None]
     overhead: int | None = None
+    at_most: Callable[[Buffer, int], Buffer] | None = None
 
 
 # -- checking parameters ----------------------------------------------------------------
@@ -89,6 +92,16 @@ def _exact(data: Buffer, size: int, codec_id: str) -> Buffer:
 
 def _streamed(make: Callable[[], Any], codec_id: str) -> Callable[[Buffer, int], Buffer]:
     """Decoding with a streaming decompressor that stops one byte past ``size``."""
+    at_most = _streamed_at_most(make, codec_id)
+
+    def decode(data: Buffer, size: int) -> Buffer:
+        return _exact(at_most(data, size), size, codec_id)
+
+    return decode
+
+
+def _streamed_at_most(make: Callable[[], Any], codec_id: str) -> Callable[[Buffer, int], Buffer]:
+    """Decoding to at most ``size`` bytes with a streaming decompressor."""
 
     def decode(data: Buffer, size: int) -> Buffer:
         decompressor = make()
@@ -100,21 +113,30 @@ def _streamed(make: Callable[[], Any], codec_id: str) -> Callable[[Buffer, int],
             raise DecodeError(f"{codec_id} decodes to more than the chunk's {size} bytes")
         if not decompressor.eof:
             raise DecodeError(f"{codec_id}: the compressed stream is truncated")
-        return _exact(out, size, codec_id)
+        return out
 
     return decode
 
 
+def _streaming_stage(codec_id: str, make: Callable[[], Any]) -> Stage:
+    return Stage(
+        codec_id,
+        _streamed(make, codec_id),
+        _unknown,
+        at_most=_streamed_at_most(make, codec_id),
+    )
+
+
 def _zlib(config: Mapping[str, Any]) -> Stage:
-    return Stage("zlib", _streamed(lambda: zlib.decompressobj(15), "zlib"), _unknown)
+    return _streaming_stage("zlib", lambda: zlib.decompressobj(15))
 
 
 def _gzip(config: Mapping[str, Any]) -> Stage:
-    return Stage("gzip", _streamed(lambda: zlib.decompressobj(31), "gzip"), _unknown)
+    return _streaming_stage("gzip", lambda: zlib.decompressobj(31))
 
 
 def _bz2(config: Mapping[str, Any]) -> Stage:
-    return Stage("bz2", _streamed(bz2.BZ2Decompressor, "bz2"), _unknown)
+    return _streaming_stage("bz2", bz2.BZ2Decompressor)
 
 
 def _lzma(config: Mapping[str, Any]) -> Stage:
@@ -124,25 +146,26 @@ def _lzma(config: Mapping[str, Any]) -> Stage:
         raise CodecError(f"lzma: format {fmt!r} is not one refmount decodes (raw needs filters)")
     if config.get("filters") is not None:
         raise CodecError("lzma: custom filter chains are not decoded")
-    return Stage("lzma", _streamed(lambda: lzma.LZMADecompressor(fmt), "lzma"), _unknown)
+    return _streaming_stage("lzma", lambda: lzma.LZMADecompressor(fmt))
 
 
 def _zstd(config: Mapping[str, Any]) -> Stage:
     import zstandard
 
-    def decode(data: Buffer, size: int) -> Buffer:
+    def at_most(data: Buffer, size: int) -> Buffer:
         try:
             declared = zstandard.frame_content_size(data)  # not a zstd frame: ZstdError
-            if declared >= 0 and declared != size:
-                raise DecodeError(
-                    f"zstd frame declares {declared} bytes where the chunk has {size}"
-                )
-            out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
+            if declared > size:
+                raise DecodeError(f"zstd frame declares {declared} bytes, over {size}")
+            # max_output_size applies to a frame that does not declare its size
+            return zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
         except zstandard.ZstdError as exc:
             raise DecodeError(f"zstd: {exc}") from None
-        return _exact(out, size, "zstd")
 
-    return Stage("zstd", decode, _unknown)
+    def decode(data: Buffer, size: int) -> Buffer:
+        return _exact(at_most(data, size), size, "zstd")
+
+    return Stage("zstd", decode, _unknown, at_most=at_most)
 
 
 _BLOSC_HEADER = struct.Struct("<BBBBIII")  # version, versionlz, flags, typesize, nbytes, ...

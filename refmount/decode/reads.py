@@ -73,7 +73,9 @@ class DecodedReads:
 
     def view(self, raw: RefSet) -> DecodedRefSet:
         """The decoded view of ``raw``, whose chunks this reads."""
-        view = DecodedRefSet(raw, next(self._serials), fixed_strings=self.fixed_strings)
+        view = DecodedRefSet(
+            raw, next(self._serials), fixed_strings=self.fixed_strings, fetch=self._raw
+        )
         self._views[view.serial] = view
         return view
 
@@ -141,7 +143,7 @@ class DecodedReads:
         return part
 
     async def _decode(self, array: str, source: Ref, decoder: ChunkDecoder) -> bytes:
-        raw = await self._raw(array, source, decoder)
+        raw = await self._raw(array, source, decoder.max_raw_size)
         if self._limiter is None:
             self._limiter = trio.CapacityLimiter(self.workers)
         try:
@@ -149,17 +151,20 @@ class DecodedReads:
         except (DecodeError, ValueError, RuntimeError, TypeError) as exc:
             raise FetchError(f"array {array or '/'!r}: a chunk does not decode: {exc}") from None
 
-    async def _raw(self, array: str, source: Ref, decoder: ChunkDecoder) -> bytes | memoryview:
+    async def _raw(self, array: str, source: Ref, bound: int) -> bytes | memoryview:
+        """A chunk's raw bytes, at most ``bound`` of them."""
         if source.data is not None:
+            if len(source.data) > bound:
+                raise FetchError(f"array {array or '/'!r}: an inline chunk over {bound} bytes")
             return source.data
         assert source.url is not None
         length = source.length
         if length is None:
             length = await self.blocks.fetcher.size(source.url)
-        if length > decoder.max_raw_size:
+        if length > bound:
             raise FetchError(
-                f"array {array or '/'!r}: a raw chunk of {length} bytes for a decoded chunk "
-                f"of {decoder.size}"
+                f"array {array or '/'!r}: a raw chunk of {length} bytes, over {bound} "
+                "for its decoded chunk"
             )
         start, end = source.offset, source.offset + length
         return await self.blocks.read_buffer(source.url, start, end, (start, end))

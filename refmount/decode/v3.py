@@ -131,7 +131,7 @@ def _array(meta: dict[str, Any], attributes: dict[str, Any], fixed_strings: bool
     if meta.get("storage_transformers"):
         raise ArrayRefused("storage transformers are not decoded")
     pipeline = v2_pipeline(meta.get("codecs"), rank)
-    served = _type(meta.get("data_type"), pipeline.endian, fixed_strings)
+    served = _type(meta.get("data_type"), pipeline.endian, fixed_strings, pipeline.vlen)
     dtype = served.dtype
     zarray = {
         "zarr_format": 2,
@@ -150,8 +150,17 @@ def _array(meta: dict[str, Any], attributes: dict[str, Any], fixed_strings: bool
     return Array(zarray, _array_attributes(meta, attributes, shape, dtype), keys)
 
 
-def _type(data_type: Any, endian: str | None, fixed_strings: bool) -> _Type:
+def _type(data_type: Any, endian: str | None, fixed_strings: bool, vlen: str | None) -> _Type:
     order = endian or "<"
+    if vlen is not None:
+        if data_type not in ("string", "bytes", "variable_length_bytes"):
+            raise ArrayRefused(f"{vlen} values of data type {data_type!r}")
+        if not fixed_strings:
+            raise ArrayRefused(
+                f"variable-length values ({data_type}): {CRASHES_NCDUMP} "
+                "(--decode-strings fixed serves them)"
+            )
+        return _Type(np.dtype("O"), {})
     if isinstance(data_type, str) and data_type in _FIXED_TYPES:
         return _Type(np.dtype(order + _FIXED_TYPES[data_type]), {})
     if data_type in ("complex64", "complex128"):

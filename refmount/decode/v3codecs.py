@@ -12,7 +12,8 @@ A codec refmount does not know keeps its v3 name as the v2 id, which no builder 
 the array stays in the view and its chunks read as EIO naming the codec, as for v2.
 What cannot be said in v2 terms at all is :class:`ArrayRefused` (the array is left out):
 a ``transpose`` that is neither C nor F order, array-to-array codecs over big-endian
-bytes or beside a ``transpose``, ``sharding_indexed``, variable-length values.
+bytes or beside a ``transpose``, ``sharding_indexed``.  Variable-length values
+(``vlen-utf8``, ``vlen-bytes``) are the v2 filter of the same id, dtype ``|O``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Pipeline:
 
     order: str = "C"
     endian: str | None = None
+    vlen: str | None = None  # vlen-utf8 or vlen-bytes: variable-length values
     filters: list[dict[str, Any]] = field(default_factory=list)
     compressor: dict[str, Any] | None = None
 
@@ -104,10 +106,12 @@ def v2_pipeline(codecs: Any, rank: int) -> Pipeline:
         elif name == "sharding_indexed":
             raise ArrayRefused("sharded (sharding_indexed): its inner chunks are not served")
         elif name in ("vlen-utf8", "vlen-bytes"):
-            raise ArrayRefused(f"variable-length values ({name}) have no fixed-size decoding")
+            pipeline.vlen = name
+            at += 1
     if array_codecs and pipeline.endian == ">":
         raise ArrayRefused("array codecs over big-endian bytes are not decoded")
     bytes_codecs = [_v2_codec(name, configuration) for name, configuration in named[at:]]
-    pipeline.filters = [*array_codecs, *bytes_codecs[:-1]]
+    vlen = [{"id": pipeline.vlen}] if pipeline.vlen else []
+    pipeline.filters = [*array_codecs, *vlen, *bytes_codecs[:-1]]
     pipeline.compressor = bytes_codecs[-1] if bytes_codecs else None
     return pipeline

@@ -34,10 +34,14 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import trio
+
 from refmount.decode.arrays import Array, ArrayRefused, ChunkDecoder, parse_zarray
 from refmount.decode.jsontext import dump_json, repair_document
 from refmount.decode.scalars import created_attributes, scalar_attributes
+from refmount.decode.strings import vlen_codecs
 from refmount.decode.v3tree import V3AsV2, presented_as_v2
+from refmount.decode.widths import Fetch, measure_widths
 from refmount.refs.model import Child, Ref, RefSet
 from refmount.tree import GENERATION_SPAN
 
@@ -85,9 +89,20 @@ class DecodedRefSet(RefSet):
     ``fixed_strings``: string arrays served as fixed-width bytes (``--decode-strings
     fixed``), not left out."""
 
-    def __init__(self, raw: RefSet, serial: int, *, fixed_strings: bool = False) -> None:
+    def __init__(
+        self,
+        raw: RefSet,
+        serial: int,
+        *,
+        fixed_strings: bool = False,
+        fetch: Fetch | None = None,
+    ) -> None:
         self.fixed_strings = fixed_strings
         self.raw = presented_as_v2(raw, fixed_strings=fixed_strings)
+        #: With ``fixed_strings``: string arrays' widths (or why not), once measured.
+        self._fetch = fetch
+        self._widths: dict[str, int | str] | None = None
+        self._measuring: trio.Lock | None = None
         self.serial = serial
         self.mtime = raw.mtime
         self._arrays: dict[str, Array | ArrayRefused | None] = {}  # directory -> its array
@@ -114,12 +129,42 @@ class DecodedRefSet(RefSet):
             try:
                 if ref.data is None:
                     raise ArrayRefused("its .zarray is not held inline in the reference set")
-                found = parse_zarray(ref.data)
+                found = parse_zarray(ref.data, string_width=self._width(path))
             except ArrayRefused as exc:
                 found = exc
                 log.warning("array %r is left out of the decoded view: %s", path or "/", exc)
         self._arrays[path] = found
         return found
+
+    def _width(self, path: str) -> int | None:
+        width = (self._widths or {}).get(path)
+        if isinstance(width, str):
+            raise ArrayRefused(f"its strings could not be measured: {width}")
+        return width
+
+    async def measure_strings(self) -> None:
+        """With ``fixed_strings``, measure every string array once, before the first
+        use of the view (their ``.zarray`` says their width)."""
+        if self._widths is not None or not self.fixed_strings or self._fetch is None:
+            return
+        if self._measuring is None:
+            self._measuring = trio.Lock()
+        async with self._measuring:
+            if self._widths is None:
+                self._widths = await measure_widths(self.raw, self._fetch)
+                self._arrays.clear()  # string arrays are presented from now on
+                self._rewritten.clear()
+
+    def string_array(self, path: str) -> bool:
+        """Whether ``path`` holds a variable-length string array the view would serve
+        (``fixed_strings``) once measured."""
+        file_id = self.raw.file_id(_join(path, ".zarray"))
+        data = self.raw.ref(file_id).data if file_id is not None else None
+        try:
+            meta = json.loads(data) if data is not None else None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return False
+        return self.fixed_strings and isinstance(meta, dict) and vlen_codecs(meta) is not None
 
     def left_out(self, path: str) -> bool:
         """Whether ``path`` (a key or directory) is inside an array left out."""
@@ -251,11 +296,13 @@ class DecodedRefSet(RefSet):
         return self._presented(file_id, self.raw.ref(file_id))
 
     async def file_ref(self, file_id: int) -> Ref:
+        await self.measure_strings()
         if file_id in self._created_paths:
             return self.ref(file_id)
         return self._presented(file_id, await self.raw.file_ref(file_id))
 
     async def find_file(self, key: str) -> int | None:
+        await self.measure_strings()
         path, _, name = key.rpartition("/")
         if self.left_out(path):
             return None
@@ -313,6 +360,7 @@ class DecodedRefSet(RefSet):
 
     async def ensure(self, path: str, after: int = -1) -> None:
         # Metadata keys are held by every kind of set: ``array_at`` loads nothing.
+        await self.measure_strings()
         await self.raw.ensure(path, after)
 
     def url_extent(self, url: str) -> int | None:

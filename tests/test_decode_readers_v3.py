@@ -9,12 +9,14 @@ The sets (tests/support/v3_sets.py):
   to an Icechunk repository; each node's ``zarr.json`` as the repository returns it, each
   chunk VirtualiZarr's reference under its v3 key;
 * ``zarr3-native``: arrays zarr 3 wrote with its default codecs (zstd), ``transpose``,
-  ``crc32c`` alone and after zstd, gzip, blosc, big-endian bytes, and sharding.
+  ``crc32c`` alone and after zstd, gzip, blosc, big-endian bytes, and sharding (each inner
+  chunk a v2 chunk; the shard index at the end, and at the start with big-endian gzip
+  inner chunks, edge shards and an inner chunk never written, read as the fill value).
 
 Each variable is read by ``ncdump``, ``gdalmdiminfo -detailed``, ``gdal_translate``, the
 rasterio wheel's GDAL 3.12 and zarr, and must equal what netCDF4-python reads from the
 original file (or what zarr 3 wrote), except what the decoded view leaves out, which
-``refmount check --decode`` names: a variable-length string array, a sharded array.
+``refmount check --decode`` names: a variable-length string array.
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ from tests.support import reader_runs
 from tests.support.mounting import REFMOUNT, Mounted, child_env
 from tests.support.reader_datasets import fill_values, stored_values, write_datasets
 from tests.support.reader_runs import EQUAL, Outcome
+from tests.support.v3_sets import fill_values as v3_fill_values
 from tests.support.v3_sets import icechunk_refs, native_arrays, store_refs, write_refs
 
 SETS = ["icechunk-cf", "icechunk-classic", "icechunk-plugins", "zarr3-native"]
 #: What the decoded view leaves out (named by ``refmount check --decode``).
-LEFT_OUT = {"icechunk-cf": {"station_name"}, "zarr3-native": {"sharded"}}
+LEFT_OUT = {"icechunk-cf": {"station_name"}}
 ABSENT = Outcome("absent")
 
 
@@ -56,7 +59,7 @@ def v3set(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     if request.param == "zarr3-native":
         expected = native_arrays(directory / "store.zarr")
         refs = store_refs(directory / "store.zarr")
-        fills: dict[str, object] = dict.fromkeys(expected, 0)  # zarr 3's default fill value
+        fills = v3_fill_values(directory / "store.zarr")
     else:
         name = request.param.split("-")[1]
         dataset = {d.name: d for d in write_datasets(directory / "data")}[name]

@@ -175,8 +175,37 @@ def test_fixed_width_strings_are_served_only_when_asked(data_type: dict, dtype: 
             "CF time units",
         ),
         (
-            {"codecs": [{"name": "sharding_indexed", "configuration": {"chunk_shape": [1, 1]}}]},
-            "sharded",
+            {"codecs": [{"name": "sharding_indexed", "configuration": {"chunk_shape": [3, 3]}}]},
+            "do not divide shards",
+        ),
+        (
+            {
+                "codecs": [
+                    {
+                        "name": "sharding_indexed",
+                        "configuration": {
+                            "chunk_shape": [1, 1],
+                            "index_codecs": [{"name": "bytes"}, {"name": "zstd"}],
+                        },
+                    }
+                ]
+            },
+            "shard index codecs",
+        ),
+        (
+            {
+                "codecs": [
+                    {
+                        "name": "sharding_indexed",
+                        "configuration": {
+                            "chunk_shape": [1, 1],
+                            "index_codecs": [{"name": "bytes"}],
+                        },
+                    },
+                    {"name": "gzip"},
+                ]
+            },
+            "codecs around sharding_indexed",
         ),
         ({"codecs": [{"name": "transpose", "configuration": {"order": [0, 2, 1]}}]}, "neither C"),
         ({"chunk_grid": {"name": "rectilinear"}}, "regular grid"),
@@ -252,7 +281,8 @@ def names(view: V3AsV2, path: str) -> list[str]:
 def test_the_v2_tree_of_a_zarr3_store(tmp_path: Path) -> None:
     """Keys as v2 readers look them up: metadata per node, no zarr.json, chunks under
     their v2 names and the same file ids as their v3 keys; ``.zmetadata`` lists every
-    node, the sharded array too (the decoded view drops it)."""
+    node; a sharded array's inner chunks are its chunks, ``i.j``, each referencing its
+    shard."""
     native_arrays(tmp_path / "store.zarr")
     raw = open_refset(str(write_refs(store_refs(tmp_path / "store.zarr"), tmp_path / "r.json")))
     view = V3AsV2(raw)
@@ -271,11 +301,21 @@ def test_the_v2_tree_of_a_zarr3_store(tmp_path: Path) -> None:
     assert consolidated[".zattrs"] == {"title": "zarr 3 native"}
     assert consolidated["gzip/.zattrs"] == {"_ARRAY_DIMENSIONS": ["gzip_0"]}
     assert {k.partition("/")[0] for k in consolidated if "/" in k} == {
-        "default", "transposed", "checksummed", "zstd_crc32c", "gzip", "blosc", "bigendian"
+        "default", "transposed", "checksummed", "zstd_crc32c", "gzip", "blosc", "bigendian",
+        "sharded", "sharded_edge",
     }  # fmt: skip
-    assert view.refused("sharded") is not None and "sharded" in view.refused("sharded")
-    decoded = DecodedRefSet(raw, 0)
-    assert "sharded" not in [c.name for c in decoded.children("")]
+    assert consolidated["sharded_edge/.zarray"]["chunks"] == [2, 2]
+    assert consolidated["sharded_edge/.zarray"]["dimension_separator"] == "."
+    # 5 x 4 inner chunks in 3 x 2 shards of 2 x 2, all written but (2, 0), whose shard is
+    # there: it is listed and reads as the fill value
+    inner = names(view, "sharded_edge")[2:]
+    assert inner == [f"{i}.{j}" for i in range(5) for j in range(4)]
+    assert not view.is_dir("sharded_edge/1")
+    one = view.file_id("sharded_edge/3.1")
+    assert view.key(one) == "sharded_edge/3.1"
+    assert view.ref(one) == raw.ref(raw.file_id("sharded_edge/c/1/0"))
+    assert view.inner_chunk(one) == (view.node("sharded_edge").shards, 3)
+    assert view.file_id("sharded_edge/5.0") is None and view.file_id("sharded_edge/0/0") is None
 
 
 @pytest.mark.parametrize(
@@ -410,4 +450,43 @@ def test_a_corrupt_checksummed_chunk_is_eio(mount: Callable[..., Mounted], tmp_p
         (mounted.mountpoint / "1").read_bytes()
     assert failed.value.errno == errno.EIO
     assert "crc32c: the checksum does not match" in mounted.log()
+    assert mounted.process.poll() is None
+
+
+def test_inner_chunks_of_a_shard_through_the_decoded_mount(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    """Each inner chunk is the decoded bytes of its place in the shard; one never written
+    reads as the fill value; a shard whose index checksum fails is EIO for its inner
+    chunks alone."""
+    store = tmp_path / "sharded.zarr"
+    values = np.arange(32, dtype="<f8").reshape(4, 8)
+    values[0:2, 2:4] = 7.5
+    written = zarr.create_array(
+        store, shape=(4, 8), chunks=(2, 2), shards=(2, 4), dtype="f8", fill_value=7.5,
+        compressors=[ZstdCodec(level=1)],
+    )  # fmt: skip
+    written[...] = values
+    assert sorted(os.listdir(store / "c")) == ["0", "1"]
+    corrupt = store / "c" / "1" / "1"
+    shard = bytearray(corrupt.read_bytes())
+    shard[-1] ^= 0xFF  # the index's crc32c, at the end
+    corrupt.write_bytes(bytes(shard))
+    mounted = mount(write_refs(store_refs(store), tmp_path / "refs.json"), "--decode")
+    root = mounted.mountpoint
+    assert sorted(os.listdir(root)) == [".zarray", ".zattrs"] + [
+        f"{i}.{j}" for i in range(2) for j in range(4)
+    ]
+    for i in range(2):
+        for j in range(4):
+            path = root / f"{i}.{j}"
+            assert path.stat().st_size == 32
+            if (i, j) in ((1, 2), (1, 3)):
+                with pytest.raises(OSError) as failed:
+                    path.read_bytes()
+                assert failed.value.errno == errno.EIO
+                continue
+            block = values[2 * i : 2 * i + 2, 2 * j : 2 * j + 2]
+            assert path.read_bytes() == block.tobytes(), (i, j)
+    assert "the shard index's crc32c does not match" in mounted.log()
     assert mounted.process.poll() is None

@@ -37,7 +37,8 @@ import numpy as np
 
 from refmount.decode.arrays import ArrayRefused
 from refmount.decode.scalars import DIMENSIONS_ATTRIBUTE
-from refmount.decode.v3codecs import v2_pipeline
+from refmount.decode.shards import ShardLayout, shard_layout
+from refmount.decode.v3codecs import Pipeline, v2_pipeline
 
 #: netCDF-C's name for a dimension a pure Zarr array does not name.
 ANONYMOUS_DIMENSION = "_Anonymous_Dim_{size}"
@@ -84,12 +85,32 @@ class ChunkKeys:
             return self.prefix.rstrip("/.") or "0"
         return f"{self.prefix}{name}"
 
+    def raw_key_of(self, index: tuple[int, ...]) -> str:
+        """The v3 chunk key (after the array's path) of chunk ``index``."""
+        return self.raw_name(self.separator.join(map(str, index)))
+
+    def index_of(self, raw_name: str) -> tuple[int, ...] | None:
+        """The chunk index of a v3 chunk key (after the array's path), if it is one."""
+        if self.rank == 0:
+            return () if raw_name == self.raw_name("0") else None
+        if not raw_name.startswith(self.prefix):
+            return None
+        parts = raw_name[len(self.prefix) :].split(self.separator)
+        if len(parts) != self.rank or not all(p.isdigit() for p in parts):
+            return None
+        return tuple(int(p) for p in parts)
+
 
 @dataclass(frozen=True)
 class Array:
+    """``keys``: how the v3 chunks are named; ``shards``: set for a sharded array, whose
+    v2 chunks are its inner chunks, named ``i.j`` (``grid``: inner chunks per dimension)."""
+
     zarray: dict[str, Any]
     attributes: dict[str, Any]
     keys: ChunkKeys
+    shards: ShardLayout | None = None
+    grid: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -131,6 +152,10 @@ def _array(meta: dict[str, Any], attributes: dict[str, Any], fixed_strings: bool
     if meta.get("storage_transformers"):
         raise ArrayRefused("storage transformers are not decoded")
     pipeline = v2_pipeline(meta.get("codecs"), rank)
+    shards = None
+    if pipeline.sharding is not None:
+        shards, chunks, inner = _inner(pipeline, chunks, rank)
+        pipeline = inner
     served = _type(meta.get("data_type"), pipeline.endian, fixed_strings, pipeline.vlen)
     dtype = served.dtype
     zarray = {
@@ -145,9 +170,25 @@ def _array(meta: dict[str, Any], attributes: dict[str, Any], fixed_strings: bool
     }
     keys = _chunk_keys(meta.get("chunk_key_encoding"), rank)
     if rank:
-        zarray["dimension_separator"] = keys.separator
+        zarray["dimension_separator"] = "." if shards else keys.separator
     attributes = {**served.attributes, **attributes}  # the set's own units stay
-    return Array(zarray, _array_attributes(meta, attributes, shape, dtype), keys)
+    attributes = _array_attributes(meta, attributes, shape, dtype)
+    if shards is None:
+        return Array(zarray, attributes, keys)
+    grid = tuple(-(-n // c) for n, c in zip(shape, chunks, strict=True))
+    return Array(zarray, attributes, keys, shards, grid)
+
+
+def _inner(pipeline: Pipeline, shard_shape: Any, rank: int) -> tuple[ShardLayout, Any, Pipeline]:
+    """A sharded array's layout, inner chunk shape and inner pipeline."""
+    assert pipeline.sharding is not None
+    if not isinstance(shard_shape, list) or len(shard_shape) != rank or not rank:
+        raise ArrayRefused(f"shards {shard_shape!r} of a rank-{rank} array are not decoded")
+    layout, inner_shape, inner_codecs = shard_layout(pipeline.sharding, shard_shape)
+    inner = v2_pipeline(inner_codecs, rank)
+    if inner.sharding is not None or inner.vlen is not None:
+        raise ArrayRefused("shards of shards, or of variable-length values, are not decoded")
+    return layout, inner_shape, inner
 
 
 def _type(data_type: Any, endian: str | None, fixed_strings: bool, vlen: str | None) -> _Type:

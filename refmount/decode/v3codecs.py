@@ -12,7 +12,8 @@ A codec refmount does not know keeps its v3 name as the v2 id, which no builder 
 the array stays in the view and its chunks read as EIO naming the codec, as for v2.
 What cannot be said in v2 terms at all is :class:`ArrayRefused` (the array is left out):
 a ``transpose`` that is neither C nor F order, array-to-array codecs over big-endian
-bytes or beside a ``transpose``, ``sharding_indexed``.  Variable-length values
+bytes or beside a ``transpose``, codecs around ``sharding_indexed`` (whose own inner
+codecs are translated alike: :mod:`refmount.decode.shards`).  Variable-length values
 (``vlen-utf8``, ``vlen-bytes``) are the v2 filter of the same id, dtype ``|O``.
 """
 
@@ -42,6 +43,7 @@ class Pipeline:
     order: str = "C"
     endian: str | None = None
     vlen: str | None = None  # vlen-utf8 or vlen-bytes: variable-length values
+    sharding: dict[str, Any] | None = None  # sharding_indexed's configuration
     filters: list[dict[str, Any]] = field(default_factory=list)
     compressor: dict[str, Any] | None = None
 
@@ -104,7 +106,10 @@ def v2_pipeline(codecs: Any, rank: int) -> Pipeline:
             pipeline.endian = _ENDIAN.get(endian) if endian else None
             at += 1
         elif name == "sharding_indexed":
-            raise ArrayRefused("sharded (sharding_indexed): its inner chunks are not served")
+            if at + 1 < len(named) or array_codecs or pipeline.order != "C":
+                raise ArrayRefused("codecs around sharding_indexed are not decoded")
+            pipeline.sharding = configuration
+            return pipeline
         elif name in ("vlen-utf8", "vlen-bytes"):
             pipeline.vlen = name
             at += 1

@@ -11,7 +11,10 @@ then serves like any kerchunk set:
 - a chunk keeps its reference and file id under its v2 name: ``c/1/2`` (the default
   encoding) is ``1/2`` with ``dimension_separator`` ``/`` (so a chunk directory of the
   v3 tree is one of the v2 tree: no index of chunk keys is built), ``c.1.2`` is ``1.2``,
-  the ``v2`` encoding's keys are already v2 names, and a rank-0 array's ``c`` is ``0``.
+  the ``v2`` encoding's keys are already v2 names, and a rank-0 array's ``c`` is ``0``;
+- a sharded array's chunks are its inner chunks ``i.j``, each with a file id of its own
+  and its shard's reference (:mod:`refmount.decode.v3inner`); the decoded view decodes
+  each from its shard (:mod:`refmount.decode.shards`).
 
 The made metadata files (``.zattrs``, ``.zmetadata``) have file ids at the top of a
 tree's ids, below the decoded view's own made files
@@ -28,7 +31,9 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 
 from refmount.decode.arrays import ArrayRefused
+from refmount.decode.shards import ShardLayout
 from refmount.decode.v3 import Array, Group, parse_node
+from refmount.decode.v3inner import InnerChunks
 from refmount.refs.model import Child, Ref, RefSet
 from refmount.tree import GENERATION_SPAN
 
@@ -73,6 +78,7 @@ class V3AsV2(RefSet):
         self._nodes: dict[str, Node | None] = {}
         self._made_ids: dict[str, int] = {}  # key of a made file -> its file id
         self._made_keys: dict[int, str] = {}
+        self._inner = InnerChunks(raw)
 
     # -- nodes ----------------------------------------------------------------------------
 
@@ -115,6 +121,16 @@ class V3AsV2(RefSet):
             rest = _join(last, rest) if rest else last
         return None
 
+    def _sharded(self, path: str) -> Array | None:
+        """The sharded array whose directory is ``path``."""
+        node = self.node(path)
+        return node if isinstance(node, Array) and node.shards is not None else None
+
+    def inner_chunk(self, file_id: int) -> tuple[ShardLayout, int] | None:
+        """``(layout, position in its shard)`` of an inner chunk's file id."""
+        entry = self._inner.entry(file_id)
+        return None if entry is None else (entry[2], entry[3])
+
     def _raw_key(self, key: str) -> str | None:
         """The raw key of a presented chunk or passed-through key (``None``: made or not
         there)."""
@@ -124,8 +140,8 @@ class V3AsV2(RefSet):
             return None if name in (NODE, ZGROUP, ZATTRS, ZMETADATA, ZARRAY) else key
         array_path, array, rest = inside
         chunk = _join(rest, name) if rest else name
-        if chunk in (ZARRAY, ZATTRS):
-            return None
+        if chunk in (ZARRAY, ZATTRS) or array.shards is not None:
+            return None  # a shard is never a chunk: inner chunks have ids of their own
         if array.keys.rank == 0 and chunk != "0":
             return None
         return _join(array_path, array.keys.raw_name(chunk))
@@ -237,6 +253,9 @@ class V3AsV2(RefSet):
         made = self._made_id(key) if name in (ZATTRS, ZMETADATA) else None
         if made is not None:
             return made
+        sharded = self._sharded(path)
+        if sharded is not None:
+            return self._inner.file_id(path, sharded, name)
         raw_key = self._raw_key(key)
         return None if raw_key is None else self.raw.file_id(raw_key)
 
@@ -244,6 +263,9 @@ class V3AsV2(RefSet):
         made = self._made_keys.get(file_id)
         if made is not None:
             return made
+        inner = self._inner.entry(file_id)
+        if inner is not None:
+            return inner[0]
         raw_key = self.raw.key(file_id)
         return self._presented_key(raw_key) or raw_key
 
@@ -251,6 +273,9 @@ class V3AsV2(RefSet):
         made = self._made_keys.get(file_id)
         if made is not None:
             return Ref(data=self._made_text(made))
+        inner = self._inner.entry(file_id)
+        if inner is not None:
+            return self.raw.ref(inner[1])  # the whole shard
         raw_key = self.raw.key(file_id)
         path, _, name = raw_key.rpartition("/")
         node = self.node(path) if name == NODE else None
@@ -261,18 +286,27 @@ class V3AsV2(RefSet):
         return self.raw.ref(file_id)
 
     async def file_ref(self, file_id: int) -> Ref:
-        if file_id not in self._made_keys:
+        inner = self._inner.entry(file_id)
+        if inner is not None:
+            await self.raw.ensure(self.raw.key(inner[1]))
+        elif file_id not in self._made_keys:
             await self.raw.ensure(self.raw.key(file_id))
         return self.ref(file_id)
 
     async def find_file(self, key: str) -> int | None:
-        await self.raw.ensure(_join(key.rpartition("/")[0], NODE))
+        path = key.rpartition("/")[0]
+        await self.raw.ensure(_join(path, NODE))
+        if self._sharded(path) is not None:
+            await self._inner.load(path)
         raw_key = self._raw_key(key)
         if raw_key is not None:
             await self.raw.ensure(raw_key)
         return self.file_id(key)
 
     def file_size(self, file_id: int) -> int | None:
+        inner = self._inner.entry(file_id)
+        if inner is not None:
+            return self.raw.file_size(inner[1])
         if file_id in self._made_keys or self.raw.key(file_id).endswith(NODE):
             ref = self.ref(file_id)
             return len(ref.data) if ref.data is not None else ref.length
@@ -284,6 +318,8 @@ class V3AsV2(RefSet):
         inside = self._array_of(path)
         if inside is not None and not inside[2]:
             return True  # an array's directory, whatever its chunks
+        if inside is not None and inside[1].shards is not None:
+            return False  # a sharded array's inner chunks are files of its directory
         listed = self._listed(path)
         return listed is not None and self.raw.is_dir(listed[0])
 
@@ -291,6 +327,9 @@ class V3AsV2(RefSet):
         inside = self._array_of(path)
         if inside is None or not inside[2]:
             yield from self._node_entries(path, after)
+        if inside is not None and inside[1].shards is not None:
+            yield from self._inner_entries(path, inside, after)
+            return
         listed = self._listed(path)
         if listed is None or not self.raw.is_dir(listed[0]):
             return
@@ -299,6 +338,16 @@ class V3AsV2(RefSet):
             name = presented(child)
             if name is not None:
                 yield Child(name, child.file_id, child.cursor + _SHIFT)
+
+    def _inner_entries(
+        self, path: str, inside: tuple[str, Array, str], after: int
+    ) -> Iterator[Child]:
+        if inside[2]:
+            return  # no directories below a sharded array's
+        listing = self._inner.listing(path, inside[1])
+        for at in range(max(after - _SHIFT + 1, 0), len(listing)):
+            name, file_id = listing[at]
+            yield Child(name, file_id, at + _SHIFT)
 
     def _node_entries(self, path: str, after: int) -> Iterator[Child]:
         """The v2 metadata of the node at ``path``, before the raw entries."""
@@ -313,6 +362,9 @@ class V3AsV2(RefSet):
 
     async def ensure(self, path: str, after: int = -1) -> None:
         await self.raw.ensure(_join(path, NODE))
+        if self._sharded(path) is not None:
+            await self._inner.load(path)
+            return
         listed = self._listed(path)
         if listed is not None:
             await self.raw.ensure(listed[0], max(after - _SHIFT, -1))

@@ -39,7 +39,8 @@ import trio
 from refmount.decode.arrays import Array, ArrayRefused, ChunkDecoder, parse_zarray
 from refmount.decode.jsontext import dump_json, repair_document
 from refmount.decode.scalars import created_attributes, scalar_attributes
-from refmount.decode.strings import vlen_codecs
+from refmount.decode.shards import ShardDecoder, ShardLayout, shard_decoder
+from refmount.decode.strings import StringDecoder, vlen_codecs
 from refmount.decode.v3tree import V3AsV2, presented_as_v2
 from refmount.decode.widths import Fetch, measure_widths
 from refmount.refs.model import Child, Ref, RefSet
@@ -103,6 +104,7 @@ class DecodedRefSet(RefSet):
         self._fetch = fetch
         self._widths: dict[str, int | str] | None = None
         self._measuring: trio.Lock | None = None
+        self._shard_decoders: dict[tuple[str, str, ShardLayout, int], ShardDecoder] = {}
         self.serial = serial
         self.mtime = raw.mtime
         self._arrays: dict[str, Array | ArrayRefused | None] = {}  # directory -> its array
@@ -318,10 +320,24 @@ class DecodedRefSet(RefSet):
         found = self.chunk_array(key)
         if found is None:
             return ref
-        decoder = found[1].decoder
+        decoder = self._decoder(file_id, found[1])
         return DecodedRef(
             url=f"{SCHEME}{self.serial}/{file_id}", length=decoder.size, source=ref, decoder=decoder
         )
+
+    def _decoder(self, file_id: int, array: Array) -> ChunkDecoder | StringDecoder | ShardDecoder:
+        """The decoder of a chunk of ``array``: the array's, or for an inner chunk of a
+        sharded Zarr v3 array, the decoding of its place in the shard."""
+        inner = self.raw.inner_chunk(file_id) if isinstance(self.raw, V3AsV2) else None
+        if inner is None or not isinstance(array.decoder, ChunkDecoder):
+            return array.decoder
+        layout, position = inner
+        fill = array.meta.get("fill_value")
+        key = (array.decoder.key, repr(fill), layout, position)
+        found = self._shard_decoders.get(key)
+        if found is None:
+            found = self._shard_decoders[key] = shard_decoder(array.decoder, layout, position, fill)
+        return found
 
     def file_size(self, file_id: int) -> int | None:
         key = self.key(file_id)

@@ -7,8 +7,9 @@
   Icechunk repository (``vds.vz.to_icechunk``), as a JSON reference set: every node's
   ``zarr.json`` exactly as the repository returns it, every chunk the virtual reference
   (or inline bytes) VirtualiZarr wrote, under its v3 key (``c/0/1``).
-* :func:`native_arrays`: arrays written by zarr 3 with its default codecs, sharding,
-  ``transpose``, ``crc32c``, gzip and blosc, and the values they hold.
+* :func:`native_arrays`: arrays written by zarr 3 with its default codecs, sharding (index
+  at the end; at the start, big-endian gzip inner chunks, edge shards and an inner chunk
+  not written), ``transpose``, ``crc32c``, gzip and blosc, and the values they hold.
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ from obspec_utils.registry import ObjectStoreRegistry
 from obstore.store import LocalStore
 from virtualizarr import open_virtual_dataset
 from virtualizarr.parsers import HDFParser, NetCDF3Parser
-from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
+from zarr.codecs import (
+    BloscCodec,
+    BytesCodec,
+    Crc32cCodec,
+    GzipCodec,
+    ShardingCodec,
+    TransposeCodec,
+    ZstdCodec,
+)
 from zarr.core.buffer import default_buffer_prototype
 
 from tests.support.reader_datasets import Dataset
@@ -106,6 +115,7 @@ def native_arrays(store: Path, seed: int = 44) -> dict[str, np.ndarray]:
         "blosc": np.round(rng.normal(0.0, 3.0, (8, 8)), 2).astype("f4"),
         "bigendian": rng.normal(0.0, 1e6, (5, 4)).astype(">f8"),
         "sharded": np.arange(64, dtype="i4").reshape(8, 8),
+        "sharded_edge": _with_an_unwritten_chunk(np.arange(70, dtype="i2").reshape(10, 7)),
     }
     codecs: dict[str, dict] = {
         "default": {},
@@ -119,10 +129,21 @@ def native_arrays(store: Path, seed: int = 44) -> dict[str, np.ndarray]:
         "blosc": {"compressors": [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")]},
         "bigendian": {"compressors": None, "serializer": BytesCodec(endian="big")},
         "sharded": {"shards": (8, 8)},
+        "sharded_edge": {
+            "serializer": ShardingCodec(
+                chunk_shape=(2, 2),
+                codecs=[BytesCodec(endian="big"), GzipCodec()],
+                index_location="start",
+            ),
+            "compressors": None,
+            "fill_value": -1,
+        },
     }
     for name, data in values.items():
-        # chunks that do not divide the shape (edge chunks are padded); a shard of 2 x 2
-        chunks = (4, 4) if name == "sharded" else tuple(max(1, n // 2 - 1) for n in data.shape)
+        # chunks that do not divide the shape (edge chunks are padded); shards of 2 x 2
+        chunks = (
+            (4, 4) if name.startswith("sharded") else tuple(max(1, n // 2 - 1) for n in data.shape)
+        )
         array = group.create_array(
             name, shape=data.shape, dtype=data.dtype, chunks=chunks,
             dimension_names=[f"{name}_{axis}" for axis in range(data.ndim)],
@@ -130,6 +151,18 @@ def native_arrays(store: Path, seed: int = 44) -> dict[str, np.ndarray]:
         )  # fmt: skip
         array[...] = data
     return {name: data.astype(data.dtype.newbyteorder("=")) for name, data in values.items()}
+
+
+def _with_an_unwritten_chunk(values: np.ndarray) -> np.ndarray:
+    """``values`` with inner chunk (2, 0) all fill values (-1): zarr does not write it."""
+    values[4:6, 0:2] = -1
+    return values
+
+
+def fill_values(store: Path) -> dict[str, object]:
+    """Each array's fill value in the v3 store ``store`` (what ncdump prints as ``_``)."""
+    group = zarr.open_group(store, mode="r")
+    return {name: array.fill_value.item() for name, array in group.arrays()}
 
 
 def write_refs(refs: dict, path: Path) -> Path:

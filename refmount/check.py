@@ -77,6 +77,8 @@ class Report:
     seed: int | None = None
     #: With ``--decode``: each array and what the decoded view makes of it.
     arrays: list[ArrayNote] | None = None
+    #: An Icechunk repository's versions, containers and arrays by chunk kind.
+    icechunk: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -104,6 +106,36 @@ class CheckOptions:
     retries: int = 3
     decode: bool = False
     decode_strings: str = "omit"
+    icechunk: bool = False
+    branch: str | None = None
+    tag: str | None = None
+    snapshot: str | None = None
+    containers: list[str] | None = None
+
+
+def _open(options: CheckOptions, progress: Any) -> RefSet:
+    if options.icechunk:
+        from refmount.icechunk import open_repository
+
+        return open_repository(
+            options.refs,
+            options=options.refs_options,
+            branch=options.branch,
+            tag=options.tag,
+            snapshot=options.snapshot,
+            containers=options.containers,
+            allow_local=options.allow_local,
+            timeout=options.timeout,
+        )
+    return open_refset(
+        options.refs,
+        storage_options=options.refs_options,
+        remote_protocol=options.remote_protocol,
+        allow_local=options.allow_local,
+        timeout=options.timeout,
+        progress=progress,
+        rank0_chunk_keys=options.decode,
+    )
 
 
 def check(options: CheckOptions, progress: Any = None) -> Report:
@@ -111,15 +143,7 @@ def check(options: CheckOptions, progress: Any = None) -> Report:
     report = Report(refs=display_url(options.refs))
     with _captured_warnings(report.problems):
         try:
-            refset = open_refset(
-                options.refs,
-                storage_options=options.refs_options,
-                remote_protocol=options.remote_protocol,
-                allow_local=options.allow_local,
-                timeout=options.timeout,
-                progress=progress,
-                rank0_chunk_keys=options.decode,
-            )
+            refset = _open(options, progress)
         except (RefsError, OSError, ValueError) as exc:
             report.problems.append(Problem("load", str(exc)))
             return report
@@ -127,8 +151,12 @@ def check(options: CheckOptions, progress: Any = None) -> Report:
         from refmount.refs.parquet import ParquetRefSet
 
         report.format = "Parquet" if isinstance(refset, ParquetRefSet) else "JSON"
+        if options.icechunk:
+            report.format = "Icechunk"
         try:
             sample = trio.run(_walk, refset, report, options.probe, random.Random(options.seed))
+            if options.icechunk:
+                report.icechunk = refset.summary()  # type: ignore[attr-defined]
             if options.decode:
                 from refmount.decode.survey import survey
 
@@ -220,7 +248,12 @@ async def _files(refset: RefSet, report: Report) -> AsyncIterator[tuple[str, Ref
                         report.directories += 1
                         subdirectories.append(prefix + child.name)
                     else:
-                        yield prefix + child.name, await refset.file_ref(child.file_id)
+                        try:
+                            ref = await refset.file_ref(child.file_id)
+                        except FetchError as exc:  # this key refused, the others still read
+                            report.problems.append(Problem("refused", str(exc)))
+                            continue
+                        yield prefix + child.name, ref
                 if not listed:
                     break
         except (FetchError, RefsError, OSError, KeyError) as exc:
@@ -332,6 +365,8 @@ def render(report: Report) -> str:
                 )
     else:
         lines.append(f"{report.refs}: not loaded")
+    if report.icechunk is not None:
+        lines += _icechunk_lines(report.icechunk)
     if report.arrays is not None:
         counts = Counter(note.status for note in report.arrays)
         lines.append(
@@ -350,3 +385,18 @@ def render(report: Report) -> str:
     else:
         lines.append("problems: none")
     return "\n".join(lines)
+
+
+def _icechunk_lines(summary: dict[str, Any]) -> list[str]:
+    """A repository's versions, containers and each array's chunks by kind."""
+    lines = [
+        f"  snapshot          {summary['snapshot']} ({summary['version']})",
+        f"  branches          {', '.join(sorted(summary['branches'])) or '-'}",
+        f"  tags              {', '.join(sorted(summary['tags'])) or '-'}",
+        f"  containers        {', '.join(summary['containers']) or '-'}",
+        f"  arrays            {len(summary['arrays']):,}",
+    ]
+    for path, kinds in sorted(summary["arrays"].items()):
+        counts = ", ".join(f"{n:,} {kind}" for kind, n in kinds.items())
+        lines.append(f"    {path:<32} {counts}")
+    return lines

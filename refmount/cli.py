@@ -19,6 +19,7 @@ import sys
 
 from refmount.options import (
     MAX_RETRIES,
+    add_icechunk_options,
     parse_args,
     parse_json_object,
     per_protocol,
@@ -142,12 +143,14 @@ def check_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="further attempts after a transient probe failure (default 3)",
     )
+    add_icechunk_options(p)
     return p
 
 
 def run_check(argv: list[str]) -> int:
     from refmount.catalog import is_catalog
     from refmount.check import CheckOptions, check, render
+    from refmount.icechunk import is_repository
     from refmount.service.progress import LoadProgress
 
     args = check_parser().parse_args(argv)
@@ -163,9 +166,17 @@ def run_check(argv: list[str]) -> int:
         retries=args.retries,
         decode=args.decode,
         decode_strings=args.decode_strings,
+        icechunk=args.icechunk
+        or (not args.catalog and is_repository(args.refs, args.refs_options)),
+        branch=args.branch,
+        tag=args.tag,
+        snapshot=args.snapshot,
+        containers=args.containers,
     )
     terminal = sys.stderr if sys.stderr.isatty() else None
-    if args.catalog or is_catalog(args.refs, args.refs_options, args.timeout):
+    if not options.icechunk and (
+        args.catalog or is_catalog(args.refs, args.refs_options, args.timeout)
+    ):
         from refmount.catalog.check import check_catalog
         from refmount.catalog.check import render as render_catalog
 

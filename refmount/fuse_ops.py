@@ -305,7 +305,11 @@ class Operations(pyfuse3.Operations):
             return ref.data[off:end]
         assert ref.url is not None
         return await self.cache.read_buffer(
-            ref.url, ref.offset + off, ref.offset + end, (ref.offset, ref.offset + handle.size)
+            ref.url,
+            ref.offset + off,
+            ref.offset + end,
+            (ref.offset, ref.offset + handle.size),
+            ref.checksum,
         )
 
     async def release(self, fh: int) -> None:

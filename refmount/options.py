@@ -105,6 +105,12 @@ class Config:
     disk_cache_min_free: int | float = 0.10
     disk_cache_immutable: bool = False
     disk_cache_check_interval: float = 60.0
+    # Icechunk repositories (refmount.icechunk)
+    icechunk: bool = False
+    branch: str | None = None
+    tag: str | None = None
+    snapshot: str | None = None
+    containers: list[str] | None = None
 
 
 def parse_size(text: str) -> int:
@@ -274,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="check REFS every S seconds (its ETag, mtime or size) and reload it when it "
         "changed; SIGHUP reloads at any time",
     )
+    add_icechunk_options(p)
     g = p.add_argument_group("catalogs (REFS a directory or prefix of many sets)")
     g.add_argument(
         "--catalog",
@@ -456,6 +463,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long the background start waits for the mount (default %(default)g)",
     )
     return p
+
+
+def add_icechunk_options(p: argparse.ArgumentParser) -> None:
+    """Options of an Icechunk repository (:mod:`refmount.icechunk`)."""
+    g = p.add_argument_group("Icechunk repositories (REFS a repository's root)")
+    g.add_argument(
+        "--icechunk",
+        action="store_true",
+        help="read REFS as an Icechunk repository even when it does not look like one "
+        "(it does when it holds 'repo' or 'refs/')",
+    )
+    versions = g.add_mutually_exclusive_group()
+    versions.add_argument(
+        "--branch",
+        metavar="NAME",
+        help="serve the head of this branch and follow it (default: main)",
+    )
+    versions.add_argument("--tag", metavar="NAME", help="serve this tag")
+    versions.add_argument("--snapshot", metavar="ID", help="serve this snapshot")
+    g.add_argument(
+        "--containers",
+        type=lambda text: [prefix for prefix in text.split(",") if prefix],
+        metavar="PREFIX,...",
+        help="read virtual chunks only under these URL prefixes (within the virtual chunk "
+        "containers the repository declares; default: all of those)",
+    )
 
 
 def split_mount_options(text: str) -> list[str]:

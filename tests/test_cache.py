@@ -17,6 +17,7 @@ import trio
 from refmount.cache import SEQ_MIN_BYTES, BlockCache
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher
+from refmount.refs.model import Checksum
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -41,6 +42,7 @@ class RecordingFetcher(Fetcher):
         end: int,
         *,
         allow_short: bool = False,
+        checksum: Checksum | None = None,
     ) -> bytes:
         self.calls.append((url, start, end))
         self.active += 1
@@ -53,15 +55,17 @@ class RecordingFetcher(Fetcher):
                 await trio.sleep(delay)
             if self.fail(url, start, end):
                 raise FetchError(f"injected failure at {start}", errno.EIO)
-            return await super().fetch(url, start, end, allow_short=allow_short)
+            return await super().fetch(url, start, end, allow_short=allow_short, checksum=checksum)
         finally:
             self.active -= 1
 
-    def try_now(self, url: str, start: int, end: int) -> bytes | None:
+    def try_now(
+        self, url: str, start: int, end: int, checksum: Checksum | None = None
+    ) -> bytes | None:
         """Recorded like ``fetch``; never used while fetches are slowed, gated or failing."""
         if self.gate is not None or self.delay() or self.fail(url, start, end):
             return None
-        data = super().try_now(url, start, end)
+        data = super().try_now(url, start, end, checksum)
         if data is not None:
             self.calls.append((url, start, end))
         return data
@@ -105,13 +109,14 @@ def assert_accounting(cache: BlockCache) -> None:
     assert held <= cache.budget
     # Every indexed block belongs to a cached part that holds some of its bytes.
     bs = cache.block_size
-    for (url, i), part in cache._index.items():
+    for (url, checksum, i), part in cache._index.items():
         assert part in cache.memory.lru or part in cache.memory.ahead
-        assert part.url == url
+        assert (part.url, part.checksum) == (url, checksum)
         assert part.start <= i * bs < part.start + len(part.data)
-    for (url, start, end), part in cache._exact.items():
+    for (url, checksum, start, end), part in cache._exact.items():
         assert part in cache.memory.lru
-        assert (part.url, part.start, len(part.data)) == (url, start, end - start)
+        assert (part.url, part.checksum) == (url, checksum)
+        assert (part.start, len(part.data)) == (start, end - start)
 
 
 def held_or_reserved(cache: BlockCache) -> int:

@@ -37,6 +37,13 @@ Memory and read-ahead
     flight), it is served by a direct, uncached fetch: correct, never a deadlock.  Beyond
     the budget, memory is only what readers hold while they copy.
 
+Checksums
+    A reference may name the version of its object it was made from (a
+    :class:`~refmount.refs.model.Checksum`); the fetcher serves only that version's bytes.
+    Parts are keyed by the checksum they were fetched under too: a part fetched under one
+    checksum serves later reads of the same checksum, never reads of another or of none,
+    and a part fetched without one never serves a read that names one.
+
 Fetch tasks
     Fetches run in the nursery the cache is given (``start``, or ``run`` which opens one);
     a cache given none (tests, tools) has each reader fetch its own parts.
@@ -62,6 +69,7 @@ from refmount.cache.streams import INITIAL_WINDOW, MAX_WINDOW, Prefetch, StreamT
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher
 from refmount.redaction import redact
+from refmount.refs.model import Checksum
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +78,8 @@ MAX_PART = 8 << 20  # the largest single request
 AHEAD_TTL = 10.0  # seconds before unread read-ahead becomes ordinary cache
 _ATTEMPTS = 3  # passes over a read before it falls back to a direct fetch
 
-Key = tuple[str, int]
+Key = tuple[str, Checksum | None, int]  # url, the checksum it was fetched under, block
+ExactKey = tuple[str, Checksum | None, int, int]  # url, checksum, [start, end) of a reference
 # One entry of a read's plan: the part serving bytes [lo, hi) (None: not fetched yet).
 PlanEntry = list
 
@@ -80,7 +89,13 @@ class PartSource(Protocol):
     (:class:`refmount.cache.disk.DiskTier`), with counters of its own."""
 
     async def fetch(
-        self, url: str, start: int, end: int, *, allow_short: bool = False
+        self,
+        url: str,
+        start: int,
+        end: int,
+        *,
+        allow_short: bool = False,
+        checksum: Checksum | None = None,
     ) -> bytes: ...
 
     def stats(self) -> dict[str, int]: ...
@@ -122,8 +137,8 @@ class BlockCache:
         self._nursery: trio.Nursery | None = None
         # Every block key of every part, landed or pending.
         self._index: dict[Key, Part] = {}
-        # Whole-reference parts, landed or pending, by (url, start, end).
-        self._exact: dict[tuple[str, int, int], Part] = {}
+        # Whole-reference parts, landed or pending, by (url, checksum, start, end).
+        self._exact: dict[ExactKey, Part] = {}
         self._eof: dict[str, int] = {}  # ends of file seen in short answers
         self._pending = 0  # parts queued or in flight
         self._counters = dict.fromkeys(
@@ -165,7 +180,12 @@ class BlockCache:
         return data if type(data) is bytes else bytes(data)
 
     async def read_buffer(
-        self, url: str, start: int, end: int, reference: tuple[int, int] | None = None
+        self,
+        url: str,
+        start: int,
+        end: int,
+        reference: tuple[int, int] | None = None,
+        checksum: Checksum | None = None,
     ) -> bytes | memoryview:
         """Like ``read``, but a read inside one cached part comes back as a memoryview of
         it, without a copy.  pyfuse3 accepts any buffer from a ``read`` handler: a FUSE
@@ -174,31 +194,32 @@ class BlockCache:
 
         ``reference`` is the ``[start, end)`` of the whole reference the read belongs to:
         given, a random read of a small reference fetches exactly it (see the module's
-        docstring)."""
+        docstring).  ``checksum``: the version of the object the bytes must be of."""
         if start < 0:
             raise ValueError(f"negative offset {start}")
         if end <= start:
             return b""
         # Fast path: one landed part holds the whole read.
-        part = self._index.get((url, start // self.block_size))
+        part = self._index.get((url, checksum, start // self.block_size))
         if part is not None and part.state is State.LANDED and end <= part.reach:
             self.memory.touch(part)
             self._counters["hits"] += 1
-            self._observe(url, start, end)
+            self._observe(url, start, end, checksum)
             if part.prefetched:
                 self.memory.consume(part, end - start)
             return part.view(start, end)
         if reference is not None and reference[1] - reference[0] <= self.max_part:
             ref_start, ref_end = reference
             if ref_start <= start and end <= ref_end:
-                result = await self._read_whole(url, start, end, (url, ref_start, ref_end))
+                key = (url, checksum, ref_start, ref_end)
+                result = await self._read_whole(url, start, end, key)
                 if result is not None:
                     return result
         for _ in range(_ATTEMPTS):
-            result = await self._read_parts(url, start, end)
+            result = await self._read_parts(url, start, end, checksum)
             if result is not None:
                 return result
-        return await self._direct(url, start, end)
+        return await self._direct(url, start, end, checksum)
 
     def stats(self) -> dict[str, int]:
         """Counters for logs and the mount's extended attributes."""
@@ -225,18 +246,19 @@ class BlockCache:
     # -- reading --------------------------------------------------------------------------
 
     async def _read_whole(
-        self, url: str, start: int, end: int, key: tuple[str, int, int]
+        self, url: str, start: int, end: int, key: ExactKey
     ) -> bytes | memoryview | None:
         """Serve a read from its whole reference's part, fetching the part if the read is
         random; None sends the read down the block path."""
         part = self._exact.get(key)
+        _, checksum, ref_start, ref_end = key
         if part is None:
-            if (url, start // self.block_size) in self._index or self.streams.continues(url, start):
+            block = (url, checksum, start // self.block_size)
+            if block in self._index or self.streams.continues(url, start):
                 return None
-            _, ref_start, ref_end = key
             if not self._reserve((ref_end - ref_start) * INFLIGHT_COST, ahead=False):
                 return None
-            part = Part(url, ref_start, ref_end, exact=key)
+            part = Part(url, ref_start, ref_end, exact=key, checksum=checksum)
             self._exact[key] = part
             self._launch(part)
             self._counters["misses"] += 1
@@ -245,7 +267,7 @@ class BlockCache:
             self._counters["joined"] += 1
         else:
             self._counters["hits"] += 1
-        self._observe(url, start, end)
+        self._observe(url, start, end, checksum)
         if part.pending:
             if part.state is State.QUEUED:
                 await self._fly_inline([part])
@@ -254,7 +276,9 @@ class BlockCache:
         self.memory.touch(part)
         return part.view(start, end)
 
-    async def _read_parts(self, url: str, start: int, end: int) -> bytes | memoryview | None:
+    async def _read_parts(
+        self, url: str, start: int, end: int, checksum: Checksum | None
+    ) -> bytes | memoryview | None:
         """One pass: use landed parts, join parts in flight, fetch missing blocks.
 
         None means "try again": a part turned out shorter than needed for a reason other
@@ -269,7 +293,7 @@ class BlockCache:
         while pos < end:
             i = pos // bs
             block_end = min(end, (i + 1) * bs)
-            part = index.get((url, i))
+            part = index.get((url, checksum, i))
             if part is not None:
                 stop = min(end, part.reach)
                 if stop >= block_end:
@@ -279,15 +303,15 @@ class BlockCache:
                     continue
                 # The part ends inside this block (the end of the file, or an extent that
                 # has grown since): fetch the block anew, its answer decides.
-                del index[(url, i)]
+                del index[(url, checksum, i)]
             plan.append([None, pos, block_end])
             missing.append(i)
             pos = block_end
 
-        if missing and not self._fetch_missing(url, plan, missing, end):
-            self._observe(url, start, end)
-            return await self._direct(url, start, end)
-        self._observe(url, start, end)
+        if missing and not self._fetch_missing(url, checksum, plan, missing, end):
+            self._observe(url, start, end, checksum)
+            return await self._direct(url, start, end, checksum)
+        self._observe(url, start, end, checksum)
 
         waits = list(dict.fromkeys(p for p, _, _ in plan if p.pending))
         if not waits and not missing:
@@ -302,7 +326,14 @@ class BlockCache:
                 await p.wait()
         return self._assemble(url, plan)
 
-    def _fetch_missing(self, url: str, plan: list[PlanEntry], missing: list[int], end: int) -> bool:
+    def _fetch_missing(
+        self,
+        url: str,
+        checksum: Checksum | None,
+        plan: list[PlanEntry],
+        missing: list[int],
+        end: int,
+    ) -> bool:
         """Start fetches for the missing blocks of a read, adjacent ones as one request.
 
         Fills the new parts into ``plan``; False (and nothing started) if the budget has
@@ -325,7 +356,7 @@ class BlockCache:
             return False
         new = {}
         for lo, hi, stop in runs:
-            part = self._start_blocks(url, lo, hi, stop, ahead=False)
+            part = self._start_blocks(url, checksum, lo, hi, stop, ahead=False)
             for i in range(lo, hi):
                 new[i] = part
         for entry in plan:
@@ -358,21 +389,22 @@ class BlockCache:
                 self.memory.consume(part, hi - lo)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
-    async def _direct(self, url: str, start: int, end: int) -> bytes:
+    async def _direct(self, url: str, start: int, end: int, checksum: Checksum | None) -> bytes:
         """Fetch exactly what a read needs, bypassing the cache (no room in the budget)."""
         self._counters["uncached_reads"] += 1
-        data = self.fetcher.try_now(url, start, end)
-        return (
-            data if data is not None else await (self.source or self.fetcher).fetch(url, start, end)
-        )
+        data = self.fetcher.try_now(url, start, end, checksum)
+        if data is not None:
+            return data
+        return await (self.source or self.fetcher).fetch(url, start, end, checksum=checksum)
 
     # -- read-ahead -----------------------------------------------------------------------
 
-    def _observe(self, url: str, start: int, end: int) -> None:
-        """Follow the read in its URL's streams; issue the read-ahead they ask for."""
+    def _observe(self, url: str, start: int, end: int, checksum: Checksum | None) -> None:
+        """Follow the read in its URL's streams; issue the read-ahead they ask for (under
+        the read's checksum)."""
         prefetch = self.streams.observe(url, start, end, read_ahead=self._nursery is not None)
         if prefetch is not None:
-            prefetch.reached(self._prefetch(prefetch))
+            prefetch.reached(self._prefetch(prefetch, checksum))
 
     def _ahead_limit_of(self, url: str) -> int | None:
         extent = self.extent(url)
@@ -381,7 +413,7 @@ class BlockCache:
             return eof
         return extent if eof is None else min(extent, eof)
 
-    def _prefetch(self, want: Prefetch) -> int:
+    def _prefetch(self, want: Prefetch, checksum: Checksum | None) -> int:
         """Fetch the blocks of the wanted range not cached or in flight; return how far
         read-ahead now reaches (less than asked if the budget ran out)."""
         url, start, limit = want.url, want.start, want.limit
@@ -391,28 +423,30 @@ class BlockCache:
         stop = -(-want.end // bs)
         run_lo = -1
         while i < stop:
-            if (url, i) in index:
-                if run_lo >= 0 and not self._issue_ahead(url, run_lo, i, limit):
+            if (url, checksum, i) in index:
+                if run_lo >= 0 and not self._issue_ahead(url, checksum, run_lo, i, limit):
                     return max(start, run_lo * bs)
                 run_lo = -1
             elif run_lo < 0:
                 run_lo = i
             elif i - run_lo >= self._part_blocks:
-                if not self._issue_ahead(url, run_lo, i, limit):
+                if not self._issue_ahead(url, checksum, run_lo, i, limit):
                     return max(start, run_lo * bs)
                 run_lo = i
             i += 1
-        if run_lo >= 0 and not self._issue_ahead(url, run_lo, stop, limit):
+        if run_lo >= 0 and not self._issue_ahead(url, checksum, run_lo, stop, limit):
             return max(start, run_lo * bs)
         return stop * bs if limit is None else min(stop * bs, limit)
 
-    def _issue_ahead(self, url: str, lo: int, hi: int, limit: int | None) -> bool:
+    def _issue_ahead(
+        self, url: str, checksum: Checksum | None, lo: int, hi: int, limit: int | None
+    ) -> bool:
         end = hi * self.block_size if limit is None else min(hi * self.block_size, limit)
         if end <= lo * self.block_size:
             return True
         if not self._reserve((end - lo * self.block_size) * INFLIGHT_COST, ahead=True):
             return False
-        self._start_blocks(url, lo, hi, end, ahead=True)
+        self._start_blocks(url, checksum, lo, hi, end, ahead=True)
         return True
 
     # -- fetching -------------------------------------------------------------------------
@@ -421,11 +455,14 @@ class BlockCache:
         now = trio.current_time() if ahead else 0.0  # only read-ahead demotes stale parts
         return self.memory.reserve(size, ahead=ahead, now=now)
 
-    def _start_blocks(self, url: str, lo: int, hi: int, end: int, *, ahead: bool) -> Part:
+    def _start_blocks(
+        self, url: str, checksum: Checksum | None, lo: int, hi: int, end: int, *, ahead: bool
+    ) -> Part:
         """Fetch blocks ``[lo, hi)``, whose room is already reserved, in the background."""
-        part = Part(url, lo * self.block_size, end, first=lo, count=hi - lo, ahead=ahead)
+        start = lo * self.block_size
+        part = Part(url, start, end, first=lo, count=hi - lo, ahead=ahead, checksum=checksum)
         for i in range(lo, hi):
-            self._index[(url, i)] = part
+            self._index[(url, checksum, i)] = part
         self._launch(part)
         return part
 
@@ -436,7 +473,7 @@ class BlockCache:
         kind = "readahead" if part.ahead else "demand"
         self._counters[f"{kind}_requests"] += 1
         self._counters[f"{kind}_bytes"] += part.end - part.start
-        data = self.fetcher.try_now(part.url, part.start, part.end)
+        data = self.fetcher.try_now(part.url, part.start, part.end, part.checksum)
         if data is not None:
             part.state = State.IN_FLIGHT
             self._land(part, data, None)
@@ -462,7 +499,11 @@ class BlockCache:
             # A whole reference must come back whole; blocks may end with the file.  The
             # fast path has been tried (``_launch``).
             data = await (self.source or self.fetcher).fetch(
-                part.url, part.start, part.end, allow_short=part.exact is None
+                part.url,
+                part.start,
+                part.end,
+                allow_short=part.exact is None,
+                checksum=part.checksum,
             )
         except FetchError as exc:
             error = exc
@@ -504,8 +545,8 @@ class BlockCache:
             if self._exact.get(part.exact) is part:
                 del self._exact[part.exact]
             return
-        index, url = self._index, part.url
+        index, url, checksum = self._index, part.url, part.checksum
         for i in range(max(first, part.first), part.first + part.count):
-            key = (url, i)
+            key = (url, checksum, i)
             if index.get(key) is part:
                 del index[key]

@@ -7,6 +7,7 @@ import enum
 import trio
 
 from refmount.errors import FetchError
+from refmount.refs.model import Checksum
 
 # A part in flight is counted twice: the HTTP client holds the received pieces and then
 # their join, so the budget bounds real memory, not just the bytes that will be kept.
@@ -28,13 +29,15 @@ class Part:
     """Bytes ``[start, end)`` of ``url``, fetched by one request.
 
     A block part covers blocks ``first .. first+count-1`` of the URL; a whole-reference
-    part has ``exact``, the ``(url, start, end)`` of its reference, and no blocks.
+    part has ``exact``, the ``(url, checksum, start, end)`` of its reference, and no
+    blocks.  ``checksum``: the version of the object it was fetched under, if any.
     ``ahead``, ``prefetched``, ``consumed`` and ``landed_at`` are the memory budget's
     bookkeeping of read-ahead (see :mod:`refmount.cache.budget`).
     """
 
     __slots__ = (
         "ahead",
+        "checksum",
         "consumed",
         "count",
         "data",
@@ -61,7 +64,8 @@ class Part:
         first: int = -1,
         count: int = 0,
         ahead: bool = False,
-        exact: tuple[str, int, int] | None = None,
+        exact: tuple[str, Checksum | None, int, int] | None = None,
+        checksum: Checksum | None = None,
     ) -> None:
         self.url = url
         self.start = start
@@ -69,6 +73,7 @@ class Part:
         self.first = first
         self.count = count
         self.exact = exact
+        self.checksum = checksum
         self.state = State.QUEUED
         self.data = b""
         self.error: FetchError | None = None

@@ -22,8 +22,9 @@ class Found:
     """One reference set a listing of the source found.
 
     ``source`` is its path below the catalog's root as the source spells it (``/``
-    between parts, no leading slash), ``url`` where to read it; ``signature`` what the
-    listing says of it cheaply (ETag, mtime, size), empty when it says nothing."""
+    between parts, no leading slash), ``url`` where to read it; ``parquet`` that it is a
+    directory (a Parquet set, or an Icechunk repository), named as it is; ``signature``
+    what the listing says of it cheaply (ETag, mtime, size), empty when it says nothing."""
 
     source: str
     url: str

@@ -13,6 +13,7 @@ from refmount.catalog.sets import TreeFactory
 from refmount.catalog.view import CatalogTree
 from refmount.errors import RefsError
 from refmount.fetch import Fetcher
+from refmount.icechunk import is_repository
 from refmount.options import Config
 from refmount.redaction import shown
 from refmount.refs import RefSet
@@ -34,7 +35,8 @@ def open_catalog(
         return source.list_sets(config.refs, config.refs_options, timeout=config.timeout)
 
     def load(url: str) -> RefSet:
-        return load_refset(dataclasses.replace(config, refs=url))
+        icechunk = is_repository(url, config.refs_options)
+        return load_refset(dataclasses.replace(config, refs=url, icechunk=icechunk))
 
     def tree(refset: RefSet, generation: int, directories: dict[int, str] | None) -> Tree:
         return Tree(
@@ -48,6 +50,8 @@ def open_catalog(
 
     def signature(url: str) -> tuple[str, ...]:
         fs, path = fsspec.core.url_to_fs(url, **config.refs_options)
+        if is_repository(url, config.refs_options):  # its repo object changes per commit
+            path = f"{path.rstrip('/')}/repo"
         info = fs.info(path)
         return tuple(f"{k}={info[k]}" for k in source.SIGNATURE_FIELDS if info.get(k) is not None)
 

@@ -5,7 +5,10 @@ answers, HTTP reads an index page), never deeper than :data:`MAX_DEPTH`, stops w
 error past :data:`MAX_ENTRIES` entries, and fails when the store stays silent for the
 deadline (``--timeout``).  A directory holding ``.zmetadata`` is a Parquet reference set
 and is not walked into.  HTTP index pages (nginx's autoindex) hide dot files, so there a
-directory named ``*.parq`` or ``*.parquet`` is asked for its ``.zmetadata``.
+directory named ``*.parq`` or ``*.parquet`` is asked for its ``.zmetadata``.  A
+directory holding ``repo`` is an Icechunk repository (one set, not walked into either);
+what the listing says of its ``repo`` object, which every commit rewrites, is its
+signature.
 """
 
 from __future__ import annotations
@@ -92,6 +95,9 @@ def _walk(
             if entry.get("type") == "directory":
                 marker = _parquet_marker(fs, full, http, child)
                 progress()
+                if marker is None:
+                    marker = _repository_marker(fs, full)
+                    progress()
                 if marker is not None:
                     found.append(_found(fs, source, full, True, marker))
                 elif depth + 1 < max_depth:
@@ -126,6 +132,16 @@ def _parquet_marker(fs: Any, path: str, http: bool, name: str) -> dict[str, Any]
         return None
     try:
         info = fs.info(f"{path}/.zmetadata")
+    except (FileNotFoundError, OSError):
+        return None
+    return info if info.get("type", "file") == "file" else None
+
+
+def _repository_marker(fs: Any, path: str) -> dict[str, Any] | None:
+    """The ``info`` of the ``repo`` object that makes ``path`` an Icechunk repository,
+    or None."""
+    try:
+        info = fs.info(f"{path}/repo")
     except (FileNotFoundError, OSError):
         return None
     return info if info.get("type", "file") == "file" else None

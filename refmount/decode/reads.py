@@ -36,7 +36,7 @@ from refmount.cache.parts import State
 from refmount.decode.arrays import ChunkDecoder, DecodeError
 from refmount.decode.view import SCHEME, DecodedRefSet
 from refmount.errors import FetchError
-from refmount.refs.model import Ref, RefSet
+from refmount.refs.model import Checksum, Ref, RefSet
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +83,15 @@ class DecodedReads:
         return {**self.blocks.stats(), **self._counters}
 
     async def read_buffer(
-        self, url: str, start: int, end: int, reference: tuple[int, int] | None = None
+        self,
+        url: str,
+        start: int,
+        end: int,
+        reference: tuple[int, int] | None = None,
+        checksum: Checksum | None = None,
     ) -> bytes | memoryview:
         if not url.startswith(SCHEME):
-            return await self.blocks.read_buffer(url, start, end, reference)
+            return await self.blocks.read_buffer(url, start, end, reference, checksum)
         part = await self._decoded(url)
         if end > part.end:
             raise FetchError(f"read past the end of a decoded chunk ({end} > {part.end})")
@@ -167,4 +172,4 @@ class DecodedReads:
                 "for its decoded chunk"
             )
         start, end = source.offset, source.offset + length
-        return await self.blocks.read_buffer(source.url, start, end, (start, end))
+        return await self.blocks.read_buffer(source.url, start, end, (start, end), source.checksum)

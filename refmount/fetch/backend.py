@@ -8,7 +8,10 @@ same ones.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from refmount.refs.model import Checksum
 
 #: The largest size a file can report (``st_size`` is a signed 64-bit number).
 MAX_FILE_SIZE = (1 << 63) - 1
@@ -16,11 +19,14 @@ MAX_FILE_SIZE = (1 << 63) - 1
 
 class Version(NamedTuple):
     """What one HEAD or stat says of an object's current version: its validator (see
-    :func:`version_of`; None when the store gives nothing that changes with the bytes)
-    and its size (None when not given)."""
+    :func:`version_of`; None when the store gives nothing that changes with the bytes),
+    its size (None when not given), and its ETag and modification time as the store
+    gives them (what a reference's checksum is compared with)."""
 
     validator: str | None
     size: int | None
+    etag: str | None = None
+    modified: object = None
 
 
 class WrongAnswer(Exception):
@@ -36,8 +42,11 @@ class Backend(Protocol):
     The fetcher makes one backend per *scope*, a protocol and host (``https://host:port``,
     ``s3://bucket``), so that options given for one host never reach another."""
 
-    async def read(self, url: str, start: int, end: int) -> bytes:
+    async def read(self, url: str, start: int, end: int, checksum: Checksum | None = None) -> bytes:
         """Bytes ``[start, end)`` of ``url``: fewer only where the file ends before ``end``.
+
+        With a ``checksum``, only bytes of the object's version it names: anything else
+        raises :class:`~refmount.fetch.checksums.ChangedObject`.
 
         Must never hold more than ``end - start + 1`` bytes of an answer: a store that
         sends more is stopped there (the fetcher sees one byte too many and fails the

@@ -8,6 +8,9 @@ after ``end - start + 1`` bytes, compressed transfer encodings are neither asked
 decoded, and an answer that is not the asked range (a 200 to a range that does not start
 at 0, a ``Content-Range`` other than the asked one) raises :class:`WrongAnswer`.
 
+A read given a :class:`~refmount.refs.model.Checksum` asks for that version only and
+checks the answer's ETag or Last-Modified (:mod:`refmount.fetch.checksums`).
+
 These coroutines run on fsspec's asyncio loop.
 """
 
@@ -16,7 +19,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from refmount.fetch import checksums
 from refmount.fetch.backend import MAX_FILE_SIZE, WrongAnswer
+from refmount.refs.model import Checksum
 
 PIECE = 1 << 20  # bytes asked of a body stream at a time
 # A HEAD refused with these (presigned GET URLs, servers without HEAD) is asked again as a
@@ -93,11 +98,24 @@ def _raise_for_status(resp: Any, url: str) -> None:
         raise HTTPStatusError(resp.status, url)
 
 
-async def http_range(fs: Any, url: str, start: int, end: int) -> bytes:
+async def http_range(
+    fs: Any, url: str, start: int, end: int, checksum: Checksum | None = None
+) -> bytes:
     """Bytes ``[start, end)`` of ``url`` through an fsspec ``HTTPFileSystem``'s session."""
     session = await fs.set_session()
     headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
+    headers.update(checksums.http_conditions(checksum))
     async with session.get(fs.encode_url(url), **_request_options(fs, headers)) as resp:
+        if checksum is not None:
+            if resp.status == 412:
+                raise checksums.ChangedObject(url, "HTTP 412: precondition failed")
+            if resp.status < 300:
+                checksums.verify(
+                    url,
+                    checksum,
+                    etag=resp.headers.get("ETag"),
+                    modified=resp.headers.get("Last-Modified"),
+                )
         _raise_for_status(resp, url)
         _identity(resp, url)
         if resp.status == 206:
@@ -149,16 +167,30 @@ def checked_size(size: int, url: str) -> int:
 # -- S3 --------------------------------------------------------------------------------------
 
 
-async def s3_range(fs: Any, path: str, start: int, end: int) -> bytes:
+async def s3_range(
+    fs: Any, path: str, start: int, end: int, checksum: Checksum | None = None
+) -> bytes:
     """Bytes ``[start, end)`` of an S3 object through s3fs, streaming ``get_object``'s
     body and checking its ``ContentRange``."""
     bucket, key, version = fs.split_path(path)
-    extra = {"VersionId": version} if version else {}
-    resp = await fs._call_s3(
-        "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra
-    )
+    extra: dict[str, Any] = {"VersionId": version} if version else {}
+    if checksum is not None and checksum.etag is not None:
+        extra["IfMatch"] = checksum.etag
+    elif checksum is not None and checksum.last_modified is not None:
+        extra["IfUnmodifiedSince"] = checksums.unmodified_since(checksum)
+    try:
+        resp = await fs._call_s3(
+            "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra
+        )
+    except Exception as exc:
+        if checksum is not None and _precondition_failed(exc):
+            raise checksums.ChangedObject(f"s3://{path}", "HTTP 412: precondition failed") from None
+        raise
     body = resp["Body"]
     try:
+        checksums.verify(
+            f"s3://{path}", checksum, etag=resp.get("ETag"), modified=resp.get("LastModified")
+        )
         encoding = (resp.get("ContentEncoding") or "identity").strip().lower()
         if encoding not in ("identity", "aws-chunked"):
             raise WrongAnswer(f"s3://{path}: a {encoding} body to a ranged request")
@@ -172,3 +204,15 @@ async def s3_range(fs: Any, path: str, start: int, end: int) -> bytes:
         return too_long_checked(await read_stream(body.read, carried + 1), carried)
     finally:
         body.close()
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether botocore's error (as s3fs raised it, or its cause) is a 412."""
+    for error in (exc, exc.__cause__, exc.__context__):
+        response = getattr(error, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code == "PreconditionFailed" or status == 412:
+                return True
+    return False

@@ -7,7 +7,9 @@ else by :class:`FsspecBackend`.  The fetcher wraps every
 request the same way, whichever backend moves the bytes: a deadline per attempt, bounded
 requests in flight (all hosts, and per host), transient failures retried with jittered
 exponential backoff, and every answer's length checked: a store that returns more or
-fewer bytes than asked is an error, never data.
+fewer bytes than asked is an error, never data.  A read of a reference with a checksum
+serves only bytes of the version it names (:mod:`refmount.fetch.checksums`); any other
+answer fails at once, without retries.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ import trio
 
 from refmount.errors import FetchError
 from refmount.fetch.backend import MAX_FILE_SIZE, Backend, Version, WrongAnswer
+from refmount.fetch.checksums import ChangedObject
 from refmount.fetch.local import LocalBackend
 from refmount.fetch.obstore_backend import make_backend
 from refmount.protocols import LOCAL_PROTOCOLS
 from refmount.redaction import redact
+from refmount.refs.model import Checksum
 
 log = logging.getLogger(__name__)
 
@@ -144,18 +148,27 @@ class Fetcher:
             options[scopes[0]] = {**flat, **options.get(scopes[0], {})}
         self.remote_options = options
 
-    async def fetch(self, url: str, start: int, end: int, *, allow_short: bool = False) -> bytes:
+    async def fetch(
+        self,
+        url: str,
+        start: int,
+        end: int,
+        *,
+        allow_short: bool = False,
+        checksum: Checksum | None = None,
+    ) -> bytes:
         """Bytes ``[start, end)`` of ``url``.
 
         Exactly ``end - start`` bytes, or with ``allow_short`` fewer when the file ends
-        before ``end`` (read-ahead past a file's end); never more.
+        before ``end`` (read-ahead past a file's end); never more.  With a ``checksum``,
+        bytes of the object's version it names, else :class:`ChangedObject`.
         """
         if end <= start:
             return b""
         want = end - start
 
         async def attempt(backend: Backend) -> bytes:
-            data = await backend.read(url, start, end)
+            data = await backend.read(url, start, end, checksum)
             if len(data) > want or (len(data) < want and not allow_short):
                 raise WrongAnswer(f"asked for {want} bytes at offset {start}, got {len(data)}")
             return data
@@ -164,12 +177,15 @@ class Fetcher:
         self.stats.bytes_fetched += len(data)
         return data
 
-    def try_now(self, url: str, start: int, end: int) -> bytes | None:
+    def try_now(
+        self, url: str, start: int, end: int, checksum: Checksum | None = None
+    ) -> bytes | None:
         """Bytes ``[start, end)`` if they can be had without waiting (a local file read
-        before, its pages in memory), else None: then :meth:`fetch`."""
+        before, its pages in memory, of the version ``checksum`` names), else None: then
+        :meth:`fetch`."""
         if protocol_of(url) not in LOCAL_PROTOCOLS:
             return None
-        data = self._local.try_now(url, start, end)
+        data = self._local.try_now(url, start, end, checksum)
         if data is not None:
             self.stats.requests += 1
             self.stats.local_nowait_reads += 1
@@ -316,6 +332,10 @@ class Fetcher:
                     reason += " (every request slot for this host stayed busy)"
             except WrongAnswer as exc:
                 reason = str(exc)
+            except ChangedObject:
+                # Final, and logged once by the reader's error boundary, with the key.
+                self.stats.errors += 1
+                raise
             except FetchError as exc:
                 self._fail(url, str(exc))
                 raise

@@ -28,6 +28,8 @@ import trio
 from refmount.errors import FetchError
 from refmount.fetch import bounded
 from refmount.fetch.backend import Version, sized, version_of
+from refmount.redaction import redact_url
+from refmount.refs.model import Checksum
 
 
 class FsspecBackend:
@@ -40,13 +42,19 @@ class FsspecBackend:
         self._fs: Any = None
         self._making: trio.Event | None = None
 
-    async def read(self, url: str, start: int, end: int) -> bytes:
+    async def read(self, url: str, start: int, end: int, checksum: Checksum | None = None) -> bytes:
         fs = await self._filesystem()
         if _is_http(fs):
-            return await on_fsspec_loop(bounded.http_range(fs, url, start, end))
+            return await on_fsspec_loop(bounded.http_range(fs, url, start, end, checksum))
         path = fs._strip_protocol(url)
         if _is_s3(fs):
-            return await on_fsspec_loop(bounded.s3_range(fs, path, start, end))
+            return await on_fsspec_loop(bounded.s3_range(fs, path, start, end, checksum))
+        if checksum is not None:
+            # No way to ask these libraries for one version, nor to see which one answered.
+            raise FetchError(
+                f"{redact_url(url)}: a reference with a checksum, over {self.protocol}, "
+                "which cannot tell the version it reads"
+            )
         if fs.async_impl:
             return await on_fsspec_loop(fs._cat_file(path, start=start, end=end))
         return await trio.to_thread.run_sync(fs.cat_file, path, start, end, abandon_on_cancel=True)
@@ -74,7 +82,12 @@ class FsspecBackend:
             info = await on_fsspec_loop(fs._info(path))
         else:
             info = await trio.to_thread.run_sync(fs.info, path, abandon_on_cancel=True)
-        return Version(version_of_info(info), sized(info.get("size")))
+        return Version(
+            version_of_info(info),
+            sized(info.get("size")),
+            _first(info, *_ETAG_KEYS),
+            _first(info, *_MODIFIED_KEYS),
+        )
 
     async def prepare(self) -> None:
         fs = await self._filesystem()
@@ -115,15 +128,21 @@ def version_of_info(info: Mapping[str, Any]) -> str | None:
     """The validator in an fsspec ``info`` dict, whose keys differ by filesystem (HTTP
     headers, S3's, GCS's)."""
 
-    def first(*names: str) -> Any:
-        return next((info[n] for n in names if info.get(n) not in (None, "")), None)
-
     return version_of(
-        etag=first("ETag", "etag", "e_tag"),
-        generation=first("generation", "VersionId", "version_id"),
+        etag=_first(info, *_ETAG_KEYS),
+        generation=_first(info, "generation", "VersionId", "version_id"),
         size=info.get("size"),
-        modified=first("Last-Modified", "LastModified", "last_modified", "updated", "mtime"),
+        modified=_first(info, *_MODIFIED_KEYS),
     )
+
+
+_ETAG_KEYS = ("ETag", "etag", "e_tag")
+_MODIFIED_KEYS = ("Last-Modified", "LastModified", "last_modified", "updated", "mtime")
+
+
+def _first(info: Mapping[str, Any], *names: str) -> Any:
+    """The first of these keys ``info`` has a value for."""
+    return next((info[n] for n in names if info.get(n) not in (None, "")), None)
 
 
 def _is_http(fs: Any) -> bool:

@@ -17,7 +17,9 @@ import trio
 from fsspec.implementations.local import LocalFileSystem
 
 from refmount.errors import FetchError
+from refmount.fetch import checksums
 from refmount.fetch.backend import Version
+from refmount.refs.model import Checksum
 
 NOWAIT_MAX = 1 << 20  # the largest local read tried on the serving thread
 OPEN_LOCAL_FILES = 256  # descriptors kept open for the fast path
@@ -37,8 +39,11 @@ class LocalBackend:
         self.limit = limit
         self._fds: OrderedDict[str, int] = OrderedDict()
 
-    def try_now(self, url: str, start: int, end: int) -> bytes | None:
-        """Bytes ``[start, end)`` if the kernel has them all in memory, else None."""
+    def try_now(
+        self, url: str, start: int, end: int, checksum: Checksum | None = None
+    ) -> bytes | None:
+        """Bytes ``[start, end)`` if the kernel has them all in memory, else None (also
+        when the file is not the version ``checksum`` names: the ordinary path says so)."""
         if end - start > NOWAIT_MAX:
             return None
         fd = self._fds.get(url)
@@ -47,17 +52,21 @@ class LocalBackend:
         self._fds.move_to_end(url)
         buffer = bytearray(end - start)
         try:
-            if os.fstat(fd).st_nlink == 0:  # deleted or replaced since: the path decides
+            st = os.fstat(fd)
+            if st.st_nlink == 0:  # deleted or replaced since: the path decides
                 os.close(self._fds.pop(url))
                 return None
+            if checksum is not None:
+                checksums.verify_stat(url, checksum, st)
             got = os.preadv(fd, [buffer], start, os.RWF_NOWAIT)
-        except OSError:  # EAGAIN: not all in memory; EOPNOTSUPP: a filesystem without it
+        except (OSError, checksums.ChangedObject):
+            # EAGAIN: not all in memory; EOPNOTSUPP: a filesystem without it
             return None
         return bytes(buffer) if got == len(buffer) else None
 
-    async def read(self, url: str, start: int, end: int) -> bytes:
+    async def read(self, url: str, start: int, end: int, checksum: Checksum | None = None) -> bytes:
         data, fd = await trio.to_thread.run_sync(
-            _read_local, local_path(url), start, end, abandon_on_cancel=True
+            _read_local, url, start, end, checksum, abandon_on_cancel=True
         )
         self._keep(url, fd)
         return data
@@ -71,7 +80,9 @@ class LocalBackend:
     async def version(self, url: str) -> Version:
         """Device, inode, size and mtime: a file replaced or rewritten changes one."""
         st = await trio.to_thread.run_sync(os.stat, local_path(url), abandon_on_cancel=True)
-        return Version(f"file:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}", st.st_size)
+        validator = f"file:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+        modified = st.st_mtime_ns // 1_000_000_000
+        return Version(validator, st.st_size, checksums.local_etag(st), modified)
 
     async def prepare(self) -> None:
         pass
@@ -89,11 +100,15 @@ class LocalBackend:
             os.close(self._fds.popitem()[1])
 
 
-def _read_local(path: str, start: int, end: int) -> tuple[bytes, int]:
+def _read_local(url: str, start: int, end: int, checksum: Checksum | None) -> tuple[bytes, int]:
     """Bytes ``[start, end)`` of a local file (fewer at its end), and the descriptor it
-    was read through, for the fast path to keep.  Runs in a worker thread."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    was read through, for the fast path to keep.  With a ``checksum``, the file opened
+    must be the version it names (checked on the descriptor: a file replaced after the
+    check is not the one read).  Runs in a worker thread."""
+    fd = os.open(local_path(url), os.O_RDONLY | os.O_CLOEXEC)
     try:
+        if checksum is not None:
+            checksums.verify_stat(url, checksum, os.fstat(fd))
         pieces = []
         while start < end and (piece := os.pread(fd, end - start, start)):
             pieces.append(piece)

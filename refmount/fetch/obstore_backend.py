@@ -45,6 +45,7 @@ from urllib.parse import unquote, urlsplit
 import trio
 
 from refmount.errors import FetchError
+from refmount.fetch import checksums
 from refmount.fetch.backend import Backend, Version, sized, version_of
 from refmount.fetch.fsspec_backend import FsspecBackend, on_fsspec_loop
 from refmount.fetch.obstore_options import (
@@ -57,6 +58,7 @@ from refmount.fetch.obstore_options import (
     translate,
 )
 from refmount.redaction import redact
+from refmount.refs.model import Checksum
 
 log = logging.getLogger(__name__)
 
@@ -134,15 +136,15 @@ class ObstoreBackend:
         self._making: dict[str, trio.Event] = {}
         self._last_request = -SETTLE_SECONDS
 
-    async def read(self, url: str, start: int, end: int) -> bytes:
+    async def read(self, url: str, start: int, end: int, checksum: Checksum | None = None) -> bytes:
         target = self._target(url)
         if target is None:
-            return await self.fallback.read(url, start, end)
+            return await self.fallback.read(url, start, end, checksum)
         store, path = await self._store(target[0]), target[1]
         assert self._obstore is not None
         try:
             data: bytes = await trio.to_thread.run_sync(
-                _ranged_get, self._obstore, store, path, start, end,
+                _ranged_get, self._obstore, store, path, start, end, (url, checksum),
                 limiter=self._threads, abandon_on_cancel=True,
             )  # fmt: skip
         except Exception as exc:
@@ -164,16 +166,14 @@ class ObstoreBackend:
         meta = await self._metadata(url)
         if meta is None:
             return await self.fallback.version(url)
-        modified = meta.get("last_modified")
-        if modified is not None and modified.timestamp() == 0:
-            modified = None  # object_store's stand-in for a missing Last-Modified
+        modified = _modified(meta)
         validator = version_of(
             etag=meta.get("e_tag"),
             generation=meta.get("version"),
             size=meta.get("size"),
             modified=None if modified is None else modified.isoformat(),
         )
-        return Version(validator, sized(meta.get("size")))
+        return Version(validator, sized(meta.get("size")), meta.get("e_tag"), modified)
 
     async def _metadata(self, url: str) -> dict[str, Any] | None:
         """The object's metadata from a HEAD, or None where fsspec must be asked instead
@@ -273,10 +273,21 @@ class ObstoreBackend:
         return store
 
 
-def _ranged_get(obstore: ModuleType, store: Any, path: str, start: int, end: int) -> bytes:
+def _ranged_get(
+    obstore: ModuleType,
+    store: Any,
+    path: str,
+    start: int,
+    end: int,
+    checked: tuple[str, Checksum | None],
+) -> bytes:
     """Bytes ``[start, end)`` (fewer where the object ends), holding at most one network
     read more than ``end - start + 1`` bytes.  Runs in a worker thread (obstore's calls
     release the GIL while they wait).
+
+    ``checked`` is the object's URL and the checksum its version must match, if any: the
+    request is conditional on it, and the answer's metadata must name the same version
+    (a server may ignore the condition).
 
     The body must be exactly the range the store's Content-Range names (object_store has
     checked that it is the asked one, cut at the object's end), uncompressed.  A 200 (the
@@ -284,14 +295,36 @@ def _ranged_get(obstore: ModuleType, store: Any, path: str, start: int, end: int
     byte 0 its first bytes are the right ones, so the object is asked again without a
     range and read only as far as needed."""
     want = end - start
+    url, checksum = checked
+    conditions = _conditions(checksum)
     try:
-        result = obstore.get(store, path, options={"range": (start, end)})
+        result = obstore.get(store, path, options={"range": (start, end), **conditions})
+        exact = True
     except obstore.exceptions.NotSupportedError:
         if start != 0:
             raise
-        result = obstore.get(store, path)
-        return _gathered(result, want, exact=False)
-    return _gathered(result, want, exact=True)
+        result = obstore.get(store, path, options=conditions)
+        exact = False
+    meta = result.meta
+    checksums.verify(url, checksum, etag=meta.get("e_tag"), modified=_modified(meta))
+    return _gathered(result, want, exact=exact)
+
+
+def _conditions(checksum: Checksum | None) -> dict[str, Any]:
+    """obstore's get options asking for the version ``checksum`` names only."""
+    if checksum is None:
+        return {}
+    if checksum.etag is not None:
+        return {"if_match": checksum.etag}
+    since = checksums.unmodified_since(checksum)
+    return {} if since is None else {"if_unmodified_since": since}
+
+
+def _modified(meta: Mapping[str, Any]) -> Any:
+    """The object's modification time, None where object_store stands in for a missing
+    Last-Modified with the epoch."""
+    modified = meta.get("last_modified")
+    return None if modified is None or modified.timestamp() == 0 else modified
 
 
 def _gathered(result: Any, want: int, *, exact: bool) -> bytes:
@@ -322,8 +355,15 @@ def _translated(exc: Exception, url: str) -> Exception:
     """obstore's exception as one the fetcher maps to the right errno: a missing object
     is EIO (a key of the reference set is never "no such file"), refused access EACCES,
     an HTTP status keeps its number (retried where the fetcher retries it)."""
-    from obstore.exceptions import BaseError, PermissionDeniedError, UnauthenticatedError
+    from obstore.exceptions import (
+        BaseError,
+        PermissionDeniedError,
+        PreconditionError,
+        UnauthenticatedError,
+    )
 
+    if isinstance(exc, PreconditionError):
+        return checksums.ChangedObject(url, "HTTP 412: precondition failed")
     if isinstance(exc, FileNotFoundError):  # object_store says so for a 404 and a 405
         status = _STATUS.search(str(exc))
         code = status.group(1) if status else "404"

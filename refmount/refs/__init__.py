@@ -114,7 +114,7 @@ def _open(
         table, columns.urls, mtime=found.mtime, name=name, rank0_chunk_keys=rank0_chunk_keys
     )
     del table, columns
-    _release_freed_memory()
+    release_freed_memory()
     log.info("%s: %d keys referencing %d remote files", name, len(refset), len(refset.urls))
     report("loaded", len(refset), nbytes)
     return refset
@@ -128,7 +128,7 @@ def _import_table() -> None:
     importlib.import_module("refmount.refs.table")
 
 
-def _release_freed_memory() -> None:
+def release_freed_memory() -> None:
     """Hand the parse's freed memory back to the system, so its peak does not stay
     resident: glibc's heap keeps what the parsed JSON and the index's sort and filters
     held (the JSON set's arrays come from it, see ``arrays.POOL``), Arrow's own pool what

@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +136,11 @@ class RefSet(ABC):
     def memory_bytes(self) -> int | None:
         """Roughly the bytes the set's index holds in memory, when it can tell (a
         catalog bounds its loaded sets by this); None when not."""
+        return None
+
+    def source_version(self) -> dict[str, Any] | None:
+        """Which version of a versioned source the set serves (an Icechunk repository's
+        snapshot), for ``refmount status``; None for a set without versions."""
         return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, most sets hold nothing to release

@@ -114,16 +114,21 @@ def find(fs: Any, path: str, name: str, *, max_bytes: int, progress: Progress) -
         raise RefsError(f"{name}: {_describe(exc)}") from None
 
 
+def json_named(path: str) -> bool:
+    """Whether a reference set's name says it is a JSON file (``.json``, ``.json.gz``...)."""
+    return without_query(path).endswith(_JSON_SUFFIXES)
+
+
 def _find(fs: Any, path: str, name: str, max_bytes: int, progress: Progress) -> Found:
-    json_named = without_query(path).endswith(_JSON_SUFFIXES)
-    if not json_named and is_parquet_refs(fs, path):
+    named_json = json_named(path)
+    if not named_json and is_parquet_refs(fs, path):
         progress()
         return Found(True, _mtime(fs.info(child_url(path, ".zmetadata"))))
     progress()
     info = fs.info(path)
     progress()
     if info.get("type") == "directory":
-        if json_named and is_parquet_refs(fs, path):
+        if named_json and is_parquet_refs(fs, path):
             return Found(True, _mtime(fs.info(child_url(path, ".zmetadata"))))
         raise RefsError(f"{name}: a directory without .zmetadata is not a reference set")
     size = info.get("size")

@@ -102,11 +102,19 @@ class MountState:
     last_reload: dict[str, Any] | None = None
     #: a catalog's sets: how many, which are loaded (with their keys), load errors
     catalog: Callable[[], dict[str, Any]] | None = None
+    #: which version of its source the set serves (see RefSet.source_version)
+    version: Callable[[], dict[str, Any] | None] = lambda: None
+    #: when ``--reload-interval`` last asked the source whether it changed
+    last_check: float | None = None
 
     def record_reload(self, *, ok: bool, message: str = "") -> None:
         """Note a reload: when, whether it took, and what it said (why it failed, or
         what changed)."""
         self.last_reload = {"time": time.time(), "ok": ok, "message": message}
+
+    def record_check(self) -> None:
+        """Note that the source was asked whether it changed (and answered)."""
+        self.last_check = time.time()
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -121,6 +129,8 @@ class MountState:
             "fetch": self.fetch.as_dict(),
             "cache": self.cache.stats(),
             **({"catalog": self.catalog()} if self.catalog is not None else {}),
+            **({"version": version} if (version := self.version()) is not None else {}),
+            "last_check": self.last_check,
         }
 
 

@@ -24,6 +24,7 @@ import fsspec.core
 import pyfuse3
 import trio
 
+from refmount import icechunk
 from refmount.cache import BlockCache
 from refmount.fuse_ops import Operations
 from refmount.options import Config
@@ -45,7 +46,13 @@ def monotonic_usec() -> int:
 
 def refs_signature(config: Config) -> tuple[str, ...]:
     """What the store cheaply says about REFS (ETag, modification time, size): a change
-    means the set changed.  A Parquet directory is looked at through its .zmetadata."""
+    means the set changed.  A Parquet directory is looked at through its .zmetadata, an
+    Icechunk repository through the head of the branch it follows."""
+    if config.icechunk:
+        return icechunk.signature(
+            config.refs, config.refs_options,
+            branch=config.branch, tag=config.tag, snapshot=config.snapshot,
+        )  # fmt: skip
     fs, path = fsspec.core.url_to_fs(config.refs, **config.refs_options)
     info = fs.info(path)
     if info.get("type") == "directory":
@@ -63,11 +70,13 @@ class Reloader:
         cache: BlockCache,
         load: Callable[[Config], RefSet],
         record: Callable[..., None] = lambda *, ok, message: None,
+        checked: Callable[[], None] = lambda: None,
     ) -> None:
-        """``record(ok=..., message=...)`` hears how each reload ended (``refmount
-        status`` shows the last one)."""
+        """``record(ok=..., message=...)`` hears how each reload ended, ``checked`` of
+        each answered look at the source (``refmount status`` shows the last ones)."""
         self.config = config
         self._record = record
+        self._checked = checked
         self.operations = operations
         self.cache = cache
         self._load = load
@@ -100,6 +109,7 @@ class Reloader:
             except Exception as exc:
                 log.warning("cannot look at %s for changes: %s", shown(self.config.refs), exc)
             else:
+                self._checked()
                 if last is not None and signature != last:
                     log.info("%s changed: reloading", shown(self.config.refs))
                     self.request()

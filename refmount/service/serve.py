@@ -7,6 +7,7 @@ goes to the caller, the mount is taken down, and the daemon exits with status 1.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ from refmount.catalog.catalog import Catalog
 from refmount.catalog.serving import open_catalog
 from refmount.fetch import Fetcher, FetchPolicy
 from refmount.fuse_ops import Operations
+from refmount.icechunk import is_repository, open_repository
 from refmount.options import Config
 from refmount.redaction import Scrubber, display_url, shown
 from refmount.refs import RefSet, open_refset
@@ -85,8 +87,21 @@ class Daemon:
 
     @classmethod
     def load(cls, config: Config) -> Daemon:
+        if (
+            not config.icechunk
+            and not config.catalog
+            and is_repository(config.refs, config.refs_options)
+        ):
+            config = dataclasses.replace(config, icechunk=True)
+        if config.icechunk:
+            return cls.load_one(config)
         if config.catalog or is_catalog(config.refs, config.refs_options, config.timeout):
             return cls.load_catalog(config)
+        return cls.load_one(config)
+
+    @classmethod
+    def load_one(cls, config: Config) -> Daemon:
+        """REFS is one reference set (or one Icechunk repository)."""
         notify("STATUS=loading the reference set")
         signature = _signature_before_load(config)
         with LoadProgress.for_command(config.refs) as progress:
@@ -99,6 +114,7 @@ class Daemon:
         tree = Tree(view(refset), owner, fetcher.size, fetcher.known_size)
         operations = Operations(tree, reads, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
         state = _mount_state(config, fetcher, reads, lambda: _key_count(operations.tree.refset))
+        state.version = lambda: _raw(operations.tree.refset).source_version()
         control = _serve_state(operations, state, config)
         load = lambda config: view(load_refset(config))  # noqa: E731
         return cls(config, operations, cache, control, load, disk=disk, signature=signature)
@@ -175,6 +191,7 @@ class Daemon:
             self.cache,
             self.load_set,
             self.control.state.record_reload,
+            self.control.state.record_check,
         )
         async with trio.open_nursery() as nursery:
             if self.disk is not None:
@@ -271,6 +288,17 @@ def open_disk_cache(config: Config) -> DiskCache | None:
 
 def load_refset(config: Config, progress: Callable[[str, int, int], None] | None = None) -> RefSet:
     """Read REFS with the configured options and bounds (raises RefsError)."""
+    if config.icechunk:
+        return open_repository(
+            config.refs,
+            options=config.refs_options,
+            branch=config.branch,
+            tag=config.tag,
+            snapshot=config.snapshot,
+            containers=config.containers,
+            allow_local=config.allow_local,
+            timeout=config.timeout,
+        )
     options: dict[str, Any] = {}
     if config.max_refs_size is not None:
         options["max_refs_bytes"] = config.max_refs_size
@@ -363,8 +391,13 @@ def _fetcher(config: Config) -> Fetcher:
 def _key_count(refset: object) -> int | None:
     """Keys of a set held in memory; None for one loaded lazily (Parquet).  A decoded
     view counts the keys of the set it presents."""
-    refset = getattr(refset, "raw", refset)
+    refset = _raw(refset)
     return len(refset) if hasattr(refset, "__len__") else None
+
+
+def _raw(refset: Any) -> RefSet:
+    """The set a decoded view presents, or the set itself."""
+    return getattr(refset, "raw", refset)
 
 
 def _find(exc: BaseException, kind: type[StartError]) -> StartError | None:

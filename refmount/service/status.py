@@ -161,11 +161,26 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
         ("retries", f"{fetch.get('retries', 0):,}"),
         ("cached", f"{_size(cache.get('bytes_cached', 0))} of {_size(cache.get('budget', 0))}"),
     ]
+    rows += _version_rows(status.get("version"), status.get("last_check"), now)
     rows += _catalog_rows(status.get("catalog"))
     if "disk_hits" in cache:
         rows += _disk_rows(cache)
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _version_rows(
+    version: dict[str, Any] | None, last_check: float | None, now: float
+) -> list[tuple[str, str]]:
+    """A versioned source's (an Icechunk repository's): the snapshot served, and when
+    the source was last asked for a newer one."""
+    if not version:
+        return []
+    written = version.get("written")
+    when = f", written {_when(written, now)}" if written else ""
+    served = f"{version.get('snapshot')} ({version.get('version')}{when})"
+    checked = "never" if last_check is None else _when(last_check, now)
+    return [("snapshot", served), ("last checked", checked)]
 
 
 def _catalog_rows(catalog: dict[str, Any] | None) -> list[tuple[str, str]]:

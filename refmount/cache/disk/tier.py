@@ -21,7 +21,10 @@ Versions
     an object without one, or whose validator could not be asked, bypasses the disk.
     Between a validator check and a fetch the object may change: bytes of a version
     newer than the key can be stored under it, never older ones, and the next check
-    (at most ``check_interval`` later) moves every reader to the new key.
+    (at most ``check_interval`` later) moves every reader to the new key.  A read whose
+    reference names a checksum uses the disk only while the object's current version is
+    the one named (its ETag or modification time, as the version check saw them); else
+    it goes to the fetcher, which refuses it.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import trio
 from refmount.cache.disk.cache import DiskCache
 from refmount.cache.disk.entry import EntryKey
 from refmount.cache.disk.validators import Validators
-from refmount.fetch import Fetcher
+from refmount.fetch import Fetcher, checksums
+from refmount.refs.model import Checksum
 
 UNIT = 256 << 10  # the block cache's block size: a block part's blocks are whole units
 COPY_INLINE = 1 << 20  # fetched bytes copied into a part on the serving thread up to this
@@ -55,12 +59,23 @@ class DiskTier:
         return self.disk.stats()
 
     async def fetch(
-        self, url: str, start: int, end: int, *, allow_short: bool = False
+        self,
+        url: str,
+        start: int,
+        end: int,
+        *,
+        allow_short: bool = False,
+        checksum: Checksum | None = None,
     ) -> bytes | memoryview:
         """Bytes ``[start, end)`` of ``url``, as :meth:`Fetcher.fetch` gives them."""
         if end <= start:
             return b""
-        validator, size = await self.validators.current(url)
+        version = await self.validators.current(url)
+        validator, size = version.validator, version.size
+        if checksum is not None and checksums.mismatch(
+            checksum, etag=version.etag, modified=version.modified
+        ):
+            validator = None  # not the version named: the fetcher decides, and refuses
         if size is not None and end > size:  # past the end of the object
             if not allow_short:  # not what the reference says: the fetcher reports it
                 validator = None
@@ -70,12 +85,14 @@ class DiskTier:
                 end = size
         if validator is None:
             self.disk.counters["disk_bypassed"] += 1
-            return await self.fetcher.fetch(url, start, end, allow_short=allow_short)
+            return await self.fetcher.fetch(
+                url, start, end, allow_short=allow_short, checksum=checksum
+            )
         keys, wants = self._units(url, validator, start, end)
         buffer, got = await self.disk.read_part(keys, wants, start, end)
         if buffer is None:  # nothing on disk: the fetch's bytes as they are
             self.disk.counters["disk_misses"] += len(keys)
-            return await self._fetch(keys, wants, 0, len(keys), allow_short)
+            return await self._fetch(keys, wants, 0, len(keys), allow_short, checksum)
         reach = end  # where the object's bytes end, if before ``end``
         count = len(keys)  # the units up to the one where the object ends
         for i, ((lo, hi), n) in enumerate(zip(wants, got, strict=True)):
@@ -90,7 +107,7 @@ class DiskTier:
         # most one run, and a failure reaches the block cache as the fetcher raised it.
         for first, last in _missing_runs(got[:count]):
             lo, hi = wants[first][0], wants[last - 1][1]
-            data = await self._fetch(keys, wants, first, last, allow_short)
+            data = await self._fetch(keys, wants, first, last, allow_short, checksum)
             if len(data) > COPY_INLINE:  # a copy of megabytes the serving thread must not wait on
                 await trio.to_thread.run_sync(_copy_into, buffer, lo - start, data)
             else:
@@ -103,7 +120,7 @@ class DiskTier:
                 # An entry that says the object ends sooner than the whole reference:
                 # the object is not what the reference says; the fetcher's answer
                 # decides.
-                return await self.fetcher.fetch(url, start, end)
+                return await self.fetcher.fetch(url, start, end, checksum=checksum)
             return bytes(memoryview(buffer)[: reach - start])  # the object's last part
         if isinstance(buffer, bytearray):
             return memoryview(buffer).toreadonly()  # checked bytes: nobody writes them now
@@ -133,11 +150,14 @@ class DiskTier:
         first: int,
         last: int,
         allow_short: bool,
+        checksum: Checksum | None,
     ) -> bytes:
         """Fetch the wanted ranges of units ``first`` to ``last - 1`` as one request and
         hand them to the disk cache to keep."""
         lo, hi = wants[first][0], wants[last - 1][1]
-        data = await self.fetcher.fetch(keys[first].url, lo, hi, allow_short=allow_short)
+        data = await self.fetcher.fetch(
+            keys[first].url, lo, hi, allow_short=allow_short, checksum=checksum
+        )
         view = memoryview(data)
         eof = lo + len(data) if len(data) < hi - lo else None
         for i in range(first, last):

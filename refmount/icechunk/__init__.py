@@ -1,0 +1,69 @@
+"""Icechunk repositories as a source: a repository at one version, served as a reference
+set whose chunks are read by refmount's own fetcher and cache.
+
+Layers: ``location`` (recognising a repository, its icechunk storage), ``loop`` (the
+one asyncio loop icechunk's calls need), ``repository`` (what icechunk is asked),
+``keys`` (chunk keys by encoding), ``index`` (one array's references, compact),
+``manifest`` (the checksums of virtual chunks, read from the manifest files),
+``containers`` (which virtual URLs a mount may read) and ``view`` (the reference set).
+The ``icechunk`` package is imported only when a repository is opened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from refmount.icechunk.location import Location, is_repository
+
+__all__ = ["is_repository", "open_repository", "signature"]
+
+
+def open_repository(
+    url: str,
+    *,
+    options: Mapping[str, Any],
+    branch: str | None = None,
+    tag: str | None = None,
+    snapshot: str | None = None,
+    containers: Sequence[str] | None = None,
+    allow_local: bool = False,
+    timeout: float = 60.0,
+) -> Any:
+    """The repository at ``url`` at one version, as an :class:`IcechunkRefSet`
+    (RefsError with the reason when it cannot be opened)."""
+    from refmount.icechunk.containers import Containers
+    from refmount.icechunk.repository import Repository, Version
+    from refmount.icechunk.view import IcechunkRefSet
+
+    location = Location.of(url)
+    repository = Repository(location, options, Version(branch, tag, snapshot), timeout)
+    try:
+        allowed = Containers(
+            repository.containers(),
+            narrowed=containers,
+            local_allowed=location.local or allow_local,
+        )
+        return IcechunkRefSet.open(repository, allowed)
+    except BaseException:
+        repository.close()
+        raise
+
+
+def signature(
+    url: str,
+    options: Mapping[str, Any],
+    *,
+    branch: str | None = None,
+    tag: str | None = None,
+    snapshot: str | None = None,
+) -> tuple[str, ...]:
+    """What changes when the version a mount serves changes: the head of the branch it
+    follows (one read of the repository's ``repo`` object); nothing for a tag or a
+    snapshot, which never change."""
+    from refmount.icechunk.repository import Version, branch_head
+
+    followed = Version(branch, tag, snapshot).followed_branch
+    if followed is None:
+        return ()
+    return (branch_head(Location.of(url), options, followed),)

@@ -1,0 +1,65 @@
+"""Which virtual chunk URLs a mount may read.
+
+A repository declares its virtual chunk containers (URL prefixes); icechunk refuses a
+virtual reference outside all of them, so that a dataset cannot make its reader fetch
+arbitrary URLs, and so does refmount.  Within them a reference set's rules apply: local
+files only for a local repository or with ``--allow-local``, and ``--containers`` may
+narrow the prefixes a mount reads further.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable
+from urllib.parse import unquote
+
+import fsspec.core
+
+from refmount.errors import FetchError
+from refmount.protocols import LOCAL_PROTOCOLS
+from refmount.redaction import redact_url
+
+
+class Containers:
+    def __init__(
+        self,
+        declared: Iterable[str],
+        *,
+        narrowed: Iterable[str] | None = None,
+        local_allowed: bool,
+    ) -> None:
+        self.declared = sorted(declared)
+        self.narrowed = sorted(narrowed) if narrowed is not None else None
+        self.local_allowed = local_allowed
+
+    def target(self, url: str, key: str) -> str:
+        """The URL (a plain path for a local file) the fetcher reads virtual chunk
+        ``key`` from; FetchError (EIO) when the mount may not read ``url``.  A local
+        path is normalised first: ``..`` cannot climb out of a container."""
+        protocol, path = fsspec.core.split_protocol(url)
+        local = protocol in LOCAL_PROTOCOLS
+        if local:
+            path = posixpath.normpath(unquote(path))
+            url = f"file://{path}"
+        if not any(url.startswith(prefix) for prefix in self.declared):
+            raise FetchError(
+                f"{key}: virtual chunk at {redact_url(url)} lies outside every virtual "
+                "chunk container the repository declares: refused"
+            )
+        if self.narrowed is not None and not any(url.startswith(p) for p in self.narrowed):
+            raise FetchError(f"{key}: virtual chunk at {redact_url(url)} is outside --containers")
+        if local:
+            if not self.local_allowed:
+                raise FetchError(
+                    f"{key}: virtual chunk at {url} is a local file, but the repository is "
+                    "not local; pass --allow-local to permit this"
+                )
+            return path
+        return url
+
+    def protocols(self) -> set[str]:
+        found = set()
+        for prefix in self.narrowed if self.narrowed is not None else self.declared:
+            protocol = fsspec.core.split_protocol(prefix)[0] or "file"
+            found.add("file" if protocol in LOCAL_PROTOCOLS else protocol)
+        return found

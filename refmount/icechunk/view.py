@@ -1,0 +1,372 @@
+"""An Icechunk repository at one version, as a reference set.
+
+Files: each node's ``zarr.json`` (the bytes the store holds) has ids ``0..M-1`` in sorted
+key order; each array then has a block of ids, its base plus a chunk's index in its grid
+(see :mod:`refmount.icechunk.keys`).  An array's chunk references are read on first use
+(a lookup of one of its chunks, a listing of a directory of its chunks), in a worker
+thread, into a compact :class:`~refmount.icechunk.index.ArrayIndex`; the synchronous
+methods answer from what is held and raise :class:`NotLoaded` otherwise.
+
+Bytes: inline chunks are held; native chunks are the objects ``chunks/<id>`` of the
+repository's storage and virtual chunks ranges of their URLs, both read by refmount's own
+fetcher and cache.  A chunk the manifest does not hold does not exist.
+
+Directory cursors: in a group or array directory, the position in its sorted entries;
+chunk entries listed in an array's own directory follow with cursor ``len(entries) +
+chunk index`` (or first coordinate); in a directory of chunk keys, the coordinate.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Any
+
+import trio
+
+from refmount.errors import FetchError
+from refmount.icechunk.containers import Containers
+from refmount.icechunk.index import ArrayIndex
+from refmount.icechunk.keys import ChunkKeys
+from refmount.icechunk.location import Location
+from refmount.icechunk.manifest import INLINE, NATIVE, ManifestError
+from refmount.icechunk.repository import Node, Repository
+from refmount.refs import release_freed_memory
+from refmount.refs.model import Child, Ref, RefSet
+
+log = logging.getLogger(__name__)
+
+#: File ids of one set stay below this (the tree's span per generation is 2**40).
+MAX_FILE_IDS = 1 << 39
+_FIRST_WINDOW, _MAX_WINDOW = 64, 16384  # chunk indices a listing decodes at a time
+#: The longest chunk a reference may claim: longer is a corrupt or hostile manifest.
+MAX_CHUNK_BYTES = 1 << 34
+
+
+class NotLoaded(LookupError):
+    """A synchronous lookup in an array whose references are not held: use the async
+    methods (or :meth:`IcechunkRefSet.ensure`) first."""
+
+
+@dataclass
+class _Array:
+    node: Node
+    keys: ChunkKeys
+    base: int
+    index: ArrayIndex | None = None
+    lock: trio.Lock | None = None
+    #: the entries of the array's own directory before any chunk entry
+    own_entries: int = 0
+
+
+class IcechunkRefSet(RefSet):
+    def __init__(
+        self, repository: Repository, containers: Containers, nodes: list[Node], mtime: float
+    ) -> None:
+        self.mtime = mtime
+        self.repository = repository
+        self.containers = containers
+        self.location: Location = repository.location
+        self.snapshot_id = repository.snapshot_id
+        metadata = {_meta_key(node.path): node.metadata for node in nodes}
+        self._meta_keys = sorted(metadata)
+        self._meta_ids = {key: i for i, key in enumerate(self._meta_keys)}
+        self._meta_bytes = [metadata[key] for key in self._meta_keys]
+        self._arrays: dict[str, _Array] = {}
+        base = len(self._meta_keys)
+        for node in sorted((n for n in nodes if n.is_array), key=lambda n: n.path):
+            keys = _chunk_keys(node, self.location.name)
+            if base + keys.count > MAX_FILE_IDS:
+                log.warning("%s: %s: too many chunks (%d); its chunks are not served",
+                            self.location.name, node.path, keys.count)  # fmt: skip
+                keys = ChunkKeys((0,) * max(keys.ndim, 1))
+            self._arrays[node.path] = _Array(node, keys, base)
+            base += keys.count
+        self._bases = [array.base for array in self._arrays.values()]
+        self._by_base = list(self._arrays.values())
+        self._dirs = self._directories(nodes)
+        self._last_row: tuple[_Array | None, int] = (None, -1)  # see file_size
+
+    @classmethod
+    def open(cls, repository: Repository, containers: Containers) -> IcechunkRefSet:
+        nodes, mtime = repository.nodes()
+        return cls(repository, containers, nodes, mtime)
+
+    def _directories(self, nodes: list[Node]) -> dict[str, list[tuple[str, int | None]]]:
+        """Each group's and array's sorted entries (chunk entries excepted)."""
+        entries: dict[str, list[tuple[str, int | None]]] = {}
+        for node in nodes:
+            entries.setdefault(node.path, [])
+            path = node.path
+            while path:
+                parent, _, name = path.rpartition("/")
+                entries.setdefault(parent, [])
+                if (name, None) not in entries[parent]:
+                    entries[parent].append((name, None))
+                path = parent
+        for key, file_id in self._meta_ids.items():
+            parent, _, name = key.rpartition("/")
+            entries.setdefault(parent, []).append((name, file_id))
+        for path, array in self._arrays.items():
+            if array.keys.top and array.keys.count:
+                entries[path].append((array.keys.top, None))
+        for listing in entries.values():
+            listing.sort()
+        for path, array in self._arrays.items():
+            array.own_entries = len(entries[path])
+        return entries
+
+    # --- loading ---------------------------------------------------------------------
+
+    def _array_of(self, path: str) -> tuple[_Array, str] | None:
+        """The array a path lies in, and the path relative to the array."""
+        candidate = path
+        while candidate:
+            array = self._arrays.get(candidate)
+            if array is not None:
+                return array, path[len(candidate) + 1 :]
+            candidate = candidate.rpartition("/")[0]
+        return None
+
+    async def ensure(self, path: str, after: int = -1) -> None:
+        """Read the chunk references of the array ``path`` lies in, when the path names
+        one of its chunks or lists them.  FetchError (EIO) when they cannot be read."""
+        found = self._array_of(path)
+        if found is None:
+            return
+        array, relative = found
+        if array.index is not None or relative == "zarr.json" or not array.keys.count:
+            return
+        fixed = array.keys.directory(relative)
+        lists_files = fixed is not None and array.keys.file_range(fixed) is not None
+        if not lists_files and array.keys.parse(relative) is None:
+            return
+        if array.lock is None:
+            array.lock = trio.Lock()
+        async with array.lock:
+            if array.index is None:
+                index = await trio.to_thread.run_sync(self._read_index, array)
+                array.index = index
+
+    def _read_index(self, array: _Array) -> ArrayIndex:
+        try:
+            index = self.repository.array_index(array.node, array.keys.grid)
+        except FetchError:
+            raise
+        except ManifestError as exc:
+            raise FetchError(f"{array.node.path}: its manifest is unusable: {exc}") from None
+        except Exception as exc:  # icechunk's own: a corrupt or missing manifest
+            message = str(exc).strip().splitlines()
+            raise FetchError(
+                f"{array.node.path}: cannot read its manifest: "
+                f"{message[0] if message else type(exc).__name__}"
+            ) from None
+        release_freed_memory()  # the enumeration's peak must not stay resident
+        log.info("%s: %d chunk references (%s)", array.node.path, len(index),
+                 ", ".join(f"{n} {k}" for k, n in index.kind_counts().items() if n))  # fmt: skip
+        return index
+
+    def _held(self, array: _Array) -> ArrayIndex:
+        if array.index is None:
+            raise NotLoaded(f"{array.node.path}: chunk references not loaded")
+        return array.index
+
+    # --- keys and file ids -----------------------------------------------------------
+
+    async def find_file(self, key: str) -> int | None:
+        await self.ensure(key)
+        return self.file_id(key)
+
+    def file_id(self, key: str) -> int | None:
+        file_id = self._meta_ids.get(key)
+        if file_id is not None:
+            return file_id
+        found = self._array_of(key)
+        if found is None:
+            return None
+        array, relative = found
+        index = array.keys.parse(relative)
+        if index is None:
+            return None
+        return array.base + index if self._held(array).row(index) is not None else None
+
+    def key(self, file_id: int) -> str:
+        if file_id < len(self._meta_keys):
+            return self._meta_keys[file_id]
+        array, index = self._chunk_of(file_id)
+        return f"{array.node.path}/{array.keys.name(index)}"
+
+    def _chunk_of(self, file_id: int) -> tuple[_Array, int]:
+        array = self._by_base[bisect.bisect_right(self._bases, file_id) - 1]
+        return array, file_id - array.base
+
+    def ref(self, file_id: int) -> Ref:
+        if file_id < len(self._meta_keys):
+            return Ref(data=self._meta_bytes[file_id])
+        array, index = self._chunk_of(file_id)
+        chunks = self._held(array)
+        row = chunks.row(index)
+        if row is None:
+            raise KeyError(f"file id {file_id}: no such chunk")
+        kind = int(chunks.kinds[row])
+        if kind == INLINE:
+            return Ref(data=chunks.inline_bytes(row))
+        offset, length = int(chunks.offsets[row]), int(chunks.lengths[row])
+        key = f"{array.node.path}/{array.keys.name(index)}"
+        if length > MAX_CHUNK_BYTES or offset > (1 << 62):
+            raise FetchError(
+                f"{key}: the manifest claims {length} bytes at offset {offset}, over the "
+                f"bound of {MAX_CHUNK_BYTES} bytes per chunk: refused"
+            )
+        if kind == NATIVE:
+            return Ref(url=self.location.chunk_url(chunks.path(row)), offset=offset, length=length)
+        return Ref(
+            url=self.containers.target(chunks.path(row), key),
+            offset=offset,
+            length=length,
+            checksum=chunks.checksum_of(row),
+        )
+
+    def file_size(self, file_id: int) -> int | None:
+        """Asked for every entry of a listing, in order: the last array and row found
+        answer the next without a search."""
+        if file_id < len(self._meta_keys):
+            return len(self._meta_bytes[file_id])
+        last, hint = self._last_row
+        if last is not None and last.base <= file_id < last.base + last.keys.count:
+            array = last
+        else:
+            array, hint = self._chunk_of(file_id)[0], -1
+        chunks = self._held(array)
+        row = chunks.row(file_id - array.base, hint)
+        if row is None:
+            return None
+        self._last_row = (array, row)
+        return chunks.size(row)
+
+    # --- directories -----------------------------------------------------------------
+
+    def is_dir(self, path: str) -> bool:
+        if path in self._dirs:
+            return True
+        found = self._array_of(path)
+        return found is not None and found[0].keys.directory(found[1]) is not None
+
+    def children(self, path: str, after: int = -1) -> Iterator[Child]:
+        entries = self._dirs.get(path)
+        if entries is not None:
+            for position in range(max(after + 1, 0), len(entries)):
+                name, file_id = entries[position]
+                yield Child(name, file_id, position)
+            array = self._arrays.get(path)
+            if array is None or array.keys.top:
+                return
+            yield from self._chunk_children(array, (), after - array.own_entries,
+                                            array.own_entries)  # fmt: skip
+            return
+        found = self._array_of(path)
+        if found is not None:
+            fixed = found[0].keys.directory(found[1])
+            if fixed is not None:
+                yield from self._chunk_children(found[0], fixed, after, 0)
+
+    def _chunk_children(
+        self, array: _Array, fixed: tuple[int, ...], after: int, shift: int
+    ) -> Iterator[Child]:
+        keys = array.keys
+        files = keys.file_range(fixed)
+        if files is None:  # a directory of index directories: all of the grid's
+            for i in range(max(after + 1, 0), keys.grid[len(fixed)]):
+                yield Child(str(i), None, shift + i)
+            return
+        start, stop = files
+        chunks = self._held(array)
+        first = start + max(after + 1, 0)
+        # Windows that start small and grow: a listing resumed for a few entries (one
+        # FUSE readdir call) pays for a few names, a long listing for few windows.
+        window = _FIRST_WINDOW
+        new_child = tuple.__new__  # Child(...) without its Python-level __new__: per entry
+        while first < stop:
+            end = min(stop, first + window)
+            present = chunks.present(first, end)
+            names = keys.file_names(present.tolist(), fixed)
+            ids = (present + array.base).tolist()
+            cursors = (present + (shift - start)).tolist()
+            yield from map(new_child, repeat(Child), zip(names, ids, cursors, strict=True))
+            first, window = end, min(window * 2, _MAX_WINDOW)
+
+    def subdirectory_count(self, path: str) -> int:
+        entries = self._dirs.get(path)
+        if entries is not None:
+            count = sum(1 for _, file_id in entries if file_id is None)
+            array = self._arrays.get(path)
+            if array is not None and not array.keys.top and array.keys.file_range(()) is None:
+                count += array.keys.grid[0]
+            return count
+        found = self._array_of(path)
+        if found is None:
+            return 0
+        keys = found[0].keys
+        fixed = keys.directory(found[1])
+        if fixed is None or keys.file_range(fixed) is not None:
+            return 0
+        return keys.grid[len(fixed)]
+
+    # --- what the daemon asks of a set -----------------------------------------------
+
+    def protocols(self) -> set[str]:
+        return {self.location.protocol, *self.containers.protocols()}
+
+    def memory_bytes(self) -> int:
+        held = sum(len(data) for data in self._meta_bytes)
+        return held + sum(a.index.nbytes for a in self._arrays.values() if a.index is not None)
+
+    def source_version(self) -> dict[str, Any]:
+        return {
+            "snapshot": self.snapshot_id,
+            "version": self.repository.version.describe(),
+            "written": self.mtime,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """Versions, containers, and each array's chunks by kind (as far as loaded)."""
+        return {
+            **self.repository.versions(),
+            "snapshot": self.snapshot_id,
+            "version": self.repository.version.describe(),
+            "containers": self.containers.declared,
+            "arrays": {
+                path: array.index.kind_counts() if array.index is not None else {}
+                for path, array in self._arrays.items()
+            },
+        }
+
+    def close(self) -> None:
+        self.repository.close()
+
+
+def _meta_key(path: str) -> str:
+    return f"{path}/zarr.json" if path else "zarr.json"
+
+
+def _chunk_keys(node: Node, name: str) -> ChunkKeys:
+    """An array's chunk keys from its ``zarr.json``; an array whose grid refmount cannot
+    read has no chunks (its metadata is still served), with a warning."""
+    document = node.document
+    try:
+        shape = [int(n) for n in document["shape"]]
+        grid_spec = document["chunk_grid"]
+        if grid_spec.get("name") != "regular":
+            raise ValueError(f"chunk grid {grid_spec.get('name')!r} is not regular")
+        chunks = [int(n) for n in grid_spec["configuration"]["chunk_shape"]]
+        if len(chunks) != len(shape) or any(c <= 0 for c in chunks) or any(s < 0 for s in shape):
+            raise ValueError(f"chunk shape {chunks} does not fit shape {shape}")
+        grid = tuple(math.ceil(s / c) for s, c in zip(shape, chunks, strict=True))
+        return ChunkKeys.from_metadata(document, grid)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        log.warning("%s: %s: its chunks are not served: %s", name, node.path, exc)
+        return ChunkKeys((0,) * max(len(document.get("shape") or ()), 1))

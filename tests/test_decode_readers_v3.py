@@ -7,7 +7,9 @@ The sets (tests/support/v3_sets.py):
   shuffle with CF attributes, packed int16, NaN fill, a scalar, fletcher32), netCDF3
   classic (big-endian) and HDF5 (blosc-lz4, zstd) files scanned by VirtualiZarr and written
   to an Icechunk repository; each node's ``zarr.json`` as the repository returns it, each
-  chunk VirtualiZarr's reference under its v3 key;
+  chunk VirtualiZarr's reference under its v3 key, in a JSON reference set;
+* ``repo-cf``, ``repo-classic``, ``repo-plugins``: those Icechunk repositories themselves,
+  mounted (refmount's Icechunk source) with ``--decode``;
 * ``zarr3-native``: arrays zarr 3 wrote with its default codecs (zstd), ``transpose``,
   ``crc32c`` alone and after zstd, gzip, blosc, big-endian bytes, and sharding (each inner
   chunk a v2 chunk; the shard index at the end, and at the start with big-endian gzip
@@ -39,16 +41,21 @@ from tests.support.reader_runs import EQUAL, Outcome
 from tests.support.v3_sets import fill_values as v3_fill_values
 from tests.support.v3_sets import icechunk_refs, native_arrays, store_refs, write_refs
 
-SETS = ["icechunk-cf", "icechunk-classic", "icechunk-plugins", "zarr3-native"]
+FILES = ("cf", "classic", "plugins")
+SETS = [
+    *(f"icechunk-{name}" for name in FILES),
+    *(f"repo-{name}" for name in FILES),
+    "zarr3-native",
+]
 #: What the decoded view leaves out (named by ``refmount check --decode``).
-LEFT_OUT = {"icechunk-cf": {"station_name"}}
+LEFT_OUT = {"icechunk-cf": {"station_name"}, "repo-cf": {"station_name"}}
 ABSENT = Outcome("absent")
 
 
 @dataclass
 class V3Set:
     name: str
-    path: Path  # the JSON reference set
+    path: Path  # the JSON reference set, or the Icechunk repository
     expected: dict[str, np.ndarray]
     fills: dict[str, object]  # what ncdump's "_" stands for
 
@@ -65,6 +72,8 @@ def v3set(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         dataset = {d.name: d for d in write_datasets(directory / "data")}[name]
         refs = icechunk_refs(dataset, directory / "repo")
         expected, fills = stored_values(dataset.path), fill_values(dataset.path)
+        if request.param.startswith("repo-"):  # the repository itself, mounted
+            return V3Set(request.param, directory / "repo", expected, fills)
     return V3Set(request.param, write_refs(refs, directory / "refs.json"), expected, fills)
 
 

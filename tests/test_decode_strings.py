@@ -26,8 +26,8 @@ from refmount.decode.strings import StringDecoder
 from tests.conftest import Mounted
 from tests.support import reader_runs
 from tests.support.mounting import REFMOUNT, child_env
-from tests.support.reader_datasets import STATIONS, write_cf_netcdf4
-from tests.support.v3_sets import store_refs, write_refs
+from tests.support.reader_datasets import STATIONS, Dataset, write_cf_netcdf4
+from tests.support.v3_sets import icechunk_refs, store_refs, write_refs
 
 
 def vlen_chunk(values: list[bytes]) -> bytes:
@@ -154,3 +154,15 @@ def test_v3_strings_fixed_and_variable(mount: Callable[..., Mounted], tmp_path: 
     assert sorted(os.listdir(mount(refs, "--decode").mountpoint)) == [
         ".zattrs", ".zgroup", ".zmetadata"
     ]  # fmt: skip
+
+
+def test_a_string_variable_of_an_icechunk_repository(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    """VirtualiZarr's ``string`` array (one inline chunk) of a mounted Icechunk repository."""
+    dataset = Dataset("cf", write_cf_netcdf4(tmp_path / "cf.nc"), "netcdf4")
+    icechunk_refs(dataset, tmp_path / "repo")
+    mounted = mount(tmp_path / "repo", "--decode", "--decode-strings", "fixed")
+    root = mounted.mountpoint
+    assert json.loads((root / "station_name" / ".zarray").read_text())["dtype"] == "|S7"
+    assert readers(root, "station_name", np.array(STATIONS, dtype=object)) == READ

@@ -323,6 +323,17 @@ class V3AsV2(RefSet):
         listed = self._listed(path)
         return listed is not None and self.raw.is_dir(listed[0])
 
+    def subdirectory_count(self, path: str) -> int:
+        # Answered without listing chunks: a lazy set (Icechunk) has not loaded them.
+        inside = self._array_of(path)
+        if inside is None:
+            return self.raw.subdirectory_count(path)
+        array = inside[1]
+        if array.shards is not None or not array.keys.rank or array.keys.separator != "/":
+            return 0
+        listed = self._listed(path)
+        return 0 if listed is None else self.raw.subdirectory_count(listed[0])
+
     def children(self, path: str, after: int = -1) -> Iterator[Child]:
         inside = self._array_of(path)
         if inside is None or not inside[2]:

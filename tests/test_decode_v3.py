@@ -490,3 +490,24 @@ def test_inner_chunks_of_a_shard_through_the_decoded_mount(
             assert path.read_bytes() == block.tobytes(), (i, j)
     assert "the shard index's crc32c does not match" in mounted.log()
     assert mounted.process.poll() is None
+
+
+def test_a_shard_is_fetched_once_for_all_its_inner_chunks(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    """20 inner chunks in 6 shards: 6 requests (the block cache holds each shard for its
+    other inner chunks), 20 decodings."""
+    values = native_arrays(tmp_path / "store.zarr")["sharded_edge"]
+    refs = write_refs(store_refs(tmp_path / "store.zarr"), tmp_path / "refs.json")
+    mounted = mount(refs, "--decode", "--xattrs")
+    array = mounted.mountpoint / "sharded_edge"
+    inner = sorted(n for n in os.listdir(array) if not n.startswith("."))
+    assert len(inner) == 20
+    for name in inner:
+        i, j = (int(p) for p in name.split("."))
+        block = np.full((2, 2), -1, dtype="<i2")
+        part = values[2 * i : 2 * i + 2, 2 * j : 2 * j + 2]
+        block[: part.shape[0], : part.shape[1]] = part
+        assert (array / name).read_bytes() == block.tobytes(), name
+    stats = json.loads(os.getxattr(mounted.mountpoint, "user.refmount.stats"))
+    assert (stats["requests"], stats["decoded_chunks"], stats["decode_errors"]) == (6, 20, 0)

@@ -92,7 +92,7 @@ class Array:
     """A checked ``.zarray``: its decoding, its rewritten text, its chunk-key rules."""
 
     meta: dict[str, Any]
-    decoder: ChunkDecoder | StringDecoder
+    decoder: ChunkDecoder | StringDecoder  # StringDecoder: --decode-strings fixed
     separator: str
     text: bytes  # the rewritten .zarray
 

@@ -23,7 +23,7 @@ import struct
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -53,6 +53,28 @@ class Stage:
     encoded_size: Callable[[int], int | None]
     overhead: int | None = None
     at_most: Callable[[Buffer, int], Buffer] | None = None
+
+
+class ChunkDecoding(Protocol):
+    """What reads use of a chunk's decoding (:class:`refmount.decode.arrays.ChunkDecoder`,
+    :class:`refmount.decode.strings.StringDecoder`,
+    :class:`refmount.decode.shards.ShardDecoder`): ``key`` names it (chunks decoded alike
+    share a cache entry), ``size`` is the decoded size, ``error`` set when it cannot
+    decode at all, ``max_raw_size`` bounds the raw bytes fetched."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+    @property
+    def max_raw_size(self) -> int: ...
+
+    def decode(self, raw: Buffer) -> bytes: ...
 
 
 # -- checking parameters ----------------------------------------------------------------

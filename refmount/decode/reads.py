@@ -33,7 +33,7 @@ import trio
 
 from refmount.cache import BlockCache, Part
 from refmount.cache.parts import State
-from refmount.decode.arrays import ChunkDecoder, DecodeError
+from refmount.decode.codecs import ChunkDecoding, DecodeError
 from refmount.decode.view import SCHEME, DecodedRefSet
 from refmount.errors import FetchError
 from refmount.refs.model import Checksum, Ref, RefSet
@@ -99,7 +99,7 @@ class DecodedReads:
 
     # -- decoding -------------------------------------------------------------------------
 
-    async def _source(self, url: str) -> tuple[str, Ref, ChunkDecoder]:
+    async def _source(self, url: str) -> tuple[str, Ref, ChunkDecoding]:
         serial, _, file_id = url[len(SCHEME) :].partition("/")
         view = self._views.get(int(serial))
         found = await view.chunk_source(int(file_id)) if view is not None else None
@@ -147,7 +147,7 @@ class DecodedReads:
         self._counters["decoded_bytes"] += len(data)
         return part
 
-    async def _decode(self, array: str, source: Ref, decoder: ChunkDecoder) -> bytes:
+    async def _decode(self, array: str, source: Ref, decoder: ChunkDecoding) -> bytes:
         raw = await self._raw(array, source, decoder.max_raw_size)
         if self._limiter is None:
             self._limiter = trio.CapacityLimiter(self.workers)

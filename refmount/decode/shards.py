@@ -98,8 +98,8 @@ def shard_layout(
 
 @dataclass(frozen=True)
 class ShardDecoder:
-    """Inner chunk ``position`` of a whole shard, decoded by ``inner``: the interface of
-    :class:`ChunkDecoder` that reads use."""
+    """Inner chunk ``position`` of a whole shard, decoded by ``inner`` (a
+    :class:`refmount.decode.codecs.ChunkDecoding`)."""
 
     key: str
     inner: ChunkDecoder

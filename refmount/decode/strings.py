@@ -106,8 +106,8 @@ def string_measure(meta: dict[str, Any]) -> StringMeasure:
 
 @dataclass(frozen=True)
 class StringDecoder:
-    """A variable-length chunk to ``count`` values of ``width`` bytes, NUL padded: the
-    interface of :class:`refmount.decode.arrays.ChunkDecoder` that reads use."""
+    """A variable-length chunk to ``count`` values of ``width`` bytes, NUL padded (a
+    :class:`refmount.decode.codecs.ChunkDecoding`)."""
 
     key: str
     size: int

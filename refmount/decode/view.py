@@ -37,10 +37,11 @@ from dataclasses import dataclass
 import trio
 
 from refmount.decode.arrays import Array, ArrayRefused, ChunkDecoder, parse_zarray
+from refmount.decode.codecs import ChunkDecoding
 from refmount.decode.jsontext import dump_json, repair_document
 from refmount.decode.scalars import created_attributes, scalar_attributes
 from refmount.decode.shards import ShardDecoder, ShardLayout, shard_decoder
-from refmount.decode.strings import StringDecoder, vlen_codecs
+from refmount.decode.strings import vlen_codecs
 from refmount.decode.v3tree import V3AsV2, presented_as_v2
 from refmount.decode.widths import Fetch, measure_widths
 from refmount.refs.model import Child, Ref, RefSet
@@ -66,7 +67,7 @@ class DecodedRef(Ref):
     are equal when they decode the same reference alike (a reload keeps its inode)."""
 
     source: Ref | None = None
-    decoder: ChunkDecoder | None = None
+    decoder: ChunkDecoding | None = None
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -190,7 +191,7 @@ class DecodedRefSet(RefSet):
             name = f"{last}/{name}"
         return None
 
-    async def chunk_source(self, file_id: int) -> tuple[str, Ref, ChunkDecoder] | None:
+    async def chunk_source(self, file_id: int) -> tuple[str, Ref, ChunkDecoding] | None:
         """``(array path, raw reference, decoder)`` of a chunk's file id."""
         ref = await self.file_ref(file_id)
         if not isinstance(ref, DecodedRef) or ref.source is None or ref.decoder is None:
@@ -325,7 +326,7 @@ class DecodedRefSet(RefSet):
             url=f"{SCHEME}{self.serial}/{file_id}", length=decoder.size, source=ref, decoder=decoder
         )
 
-    def _decoder(self, file_id: int, array: Array) -> ChunkDecoder | StringDecoder | ShardDecoder:
+    def _decoder(self, file_id: int, array: Array) -> ChunkDecoding:
         """The decoder of a chunk of ``array``: the array's, or for an inner chunk of a
         sharded Zarr v3 array, the decoding of its place in the shard."""
         inner = self.raw.inner_chunk(file_id) if isinstance(self.raw, V3AsV2) else None

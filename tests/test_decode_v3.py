@@ -220,6 +220,29 @@ def test_what_v2_cannot_say_is_refused_with_its_reason(fields: dict, reason: str
         parse_node(node(**fields))
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"shape": "4"},
+        {"shape": [4, -1]},
+        {"shape": [4]},  # two chunk sizes
+        {"chunk_grid": {"name": "regular", "configuration": [2, 3]}},
+        {"chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [0, 3]}}},
+        {"data_type": {"name": "numpy.datetime64", "configuration": ["s"]}},
+        {"chunk_key_encoding": {"name": "default", "configuration": "/"}},
+        {"fill_value": "0x7fc"},
+        {"fill_value": "nan"},
+        {"codecs": [{"name": "bytes", "configuration": ["little"]}]},
+        {"codecs": "bytes"},
+        {"codecs": [{"name": "sharding_indexed", "configuration": {"chunk_shape": "1"}}]},
+        {"attributes": ["a"]},
+    ],
+)
+def test_malformed_metadata_is_refused_not_a_crash(fields: dict) -> None:
+    with pytest.raises(ArrayRefused):
+        parse_node(node(**fields))
+
+
 def test_transpose_is_the_order_and_unknown_codecs_keep_their_name() -> None:
     transposed = v2_pipeline(
         [{"name": "transpose", "configuration": {"order": [2, 1, 0]}}, {"name": "bytes"}], 3

@@ -142,13 +142,13 @@ def parse_node(text: bytes, *, fixed_strings: bool = False) -> Group | Array:
 
 def _array(meta: dict[str, Any], attributes: dict[str, Any], fixed_strings: bool) -> Array:
     shape = meta.get("shape")
-    if not isinstance(shape, list):
-        raise ArrayRefused(f"shape {shape!r} is not a list")
-    rank = len(shape)
     grid = meta.get("chunk_grid")
     if not isinstance(grid, dict) or grid.get("name") != "regular":
         raise ArrayRefused(f"chunk grid {grid!r} is not a regular grid")
-    chunks = (grid.get("configuration") or {}).get("chunk_shape")
+    chunks = _configuration(grid).get("chunk_shape")
+    if not (_sizes(shape, 0) and _sizes(chunks, 1)) or len(shape) != len(chunks):
+        raise ArrayRefused(f"shape {shape!r} and chunks {chunks!r} are not dimensions alike")
+    rank = len(shape)
     if meta.get("storage_transformers"):
         raise ArrayRefused("storage transformers are not decoded")
     pipeline = v2_pipeline(meta.get("codecs"), rank)
@@ -177,6 +177,19 @@ def _array(meta: dict[str, Any], attributes: dict[str, Any], fixed_strings: bool
         return Array(zarray, attributes, keys)
     grid = tuple(-(-n // c) for n, c in zip(shape, chunks, strict=True))
     return Array(zarray, attributes, keys, shards, grid)
+
+
+def _sizes(value: Any, least: int) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(n, int) and not isinstance(n, bool) and least <= n < 1 << 62 for n in value
+    )
+
+
+def _configuration(named: dict[str, Any]) -> dict[str, Any]:
+    configuration = named.get("configuration") or {}
+    if not isinstance(configuration, dict):
+        raise ArrayRefused(f"{named.get('name')!r}: configuration {configuration!r}")
+    return configuration
 
 
 def _inner(pipeline: Pipeline, shard_shape: Any, rank: int) -> tuple[ShardLayout, Any, Pipeline]:
@@ -209,7 +222,7 @@ def _type(data_type: Any, endian: str | None, fixed_strings: bool, vlen: str | N
     if data_type in ("string", "bytes", "variable_length_bytes"):
         raise ArrayRefused(f"variable-length values ({data_type}) have no fixed-size decoding")
     if isinstance(data_type, dict):
-        name, configuration = data_type.get("name"), data_type.get("configuration") or {}
+        name, configuration = data_type.get("name"), _configuration(data_type)
         if name in ("numpy.datetime64", "numpy.timedelta64"):
             return _time(data_type, configuration, order)
         length = configuration.get("length_bytes")
@@ -246,10 +259,11 @@ def _fill_value(value: Any, dtype: np.dtype, time: dict[str, Any]) -> Any:
     if dtype.kind == "f" and isinstance(value, str):
         if value in ("NaN", "Infinity", "-Infinity"):
             return value
-        if _HEX_FLOAT.fullmatch(value):
+        if _HEX_FLOAT.fullmatch(value) and len(value) == 2 + 2 * dtype.itemsize:
             bits = int(value, 16).to_bytes(dtype.itemsize, "big")
             number = float(np.frombuffer(bits, dtype=dtype.newbyteorder(">"))[0])
             return number if math.isfinite(number) else _non_finite(number)
+        raise ArrayRefused(f"fill value {value!r} is not a {dtype} value")
     if dtype.kind in "SU" and isinstance(value, str):
         return base64.standard_b64encode(value.encode()).decode() if dtype.kind == "S" else value
     return value
@@ -265,7 +279,7 @@ def _chunk_keys(encoding: Any, rank: int) -> ChunkKeys:
     if not isinstance(encoding, dict):
         raise ArrayRefused(f"chunk_key_encoding {encoding!r} is not a named encoding")
     name = encoding.get("name")
-    configuration = encoding.get("configuration") or {}
+    configuration = _configuration(encoding)
     separator = configuration.get("separator", "/" if name == "default" else ".")
     if name not in ("default", "v2") or separator not in ("/", "."):
         raise ArrayRefused(f"chunk_key_encoding {encoding!r} is not decoded")

@@ -69,6 +69,7 @@ def _v2_codec(name: str, configuration: dict[str, Any]) -> dict[str, Any]:
 
 
 def _transpose_order(configuration: dict[str, Any], rank: int) -> str:
+    """C or F: the only orders a v2 ``.zarray`` says."""
     order = configuration.get("order")
     if order == list(range(rank)):
         return "C"

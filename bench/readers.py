@@ -8,7 +8,9 @@ store's time to first byte; ``tests/support/nginx.py``):
 
 * writes a netCDF4 file with one zlib-compressed float32 variable ``field`` (``--size``
   squared, 200 x 200 chunks, no shuffle, so that GDAL before 3.11 reads the raw view
-  too), serves it, and references it with kerchunk as JSON and as Parquet;
+  too), serves it, and references it with kerchunk as JSON and as Parquet, and with
+  VirtualiZarr in an Icechunk repository (a local repository, its virtual chunks the
+  served file's byte ranges);
 * reads the whole of ``field`` twice per row: cold (nothing cached anywhere: a fresh
   mount, a fresh process) and warm.  Python readers (rasterio's GDAL, xarray) read it
   again in the same process and are timed in that process (imports excluded);
@@ -31,6 +33,11 @@ store's time to first byte; ``tests/support/nginx.py``):
   xarray, fsspec reference:// (JSON)          ``xarray.open_zarr("reference://", storage_
                                               options={"fo": REFS})["field"].values``,
                                               in-process
+  GDAL 3.6, ncdump, refmount (Icechunk,       the repository mounted with ``--decode``
+  ``--decode``)                               (Zarr v3 served as v2): the readers of v2
+                                              only, as above
+  xarray + icechunk (in-process)              ``xarray.open_zarr(repo.readonly_session(
+                                              "main").store)["field"].values``
   ==========================================  ===========================================
 
 Every value read is checked against the netCDF library's reading of the file (a row
@@ -110,6 +117,32 @@ print(json.dumps({"times": times, "sha256": hashlib.sha256(values.tobytes()).hex
 """
 
 
+ICECHUNK_CHILD = r"""
+import hashlib, json, sys, time, warnings
+import icechunk, xarray as xr
+import zarr, xarray.backends.zarr
+warnings.simplefilter("ignore")
+icechunk.set_logs_filter("error")
+repository, container = sys.argv[1], sys.argv[2]
+times = []
+for attempt in range(2):
+    start = time.perf_counter()
+    repo = icechunk.Repository.open(
+        icechunk.local_filesystem_storage(repository),
+        authorize_virtual_chunk_access=icechunk.containers_credentials(
+            {container: icechunk.credentials.HttpAccess}
+        ),
+    )
+    with xr.open_zarr(repo.readonly_session("main").store, consolidated=False) as ds:
+        values = ds["field"].values
+    times.append(time.perf_counter() - start)
+    if attempt == 0:
+        print("cold", flush=True)
+        sys.stdin.readline()
+print(json.dumps({"times": times, "sha256": hashlib.sha256(values.tobytes()).hexdigest()}))
+"""
+
+
 def write_data(work: Path, size: int) -> tuple[Path, str]:
     """The netCDF file (once per size) and the digest of ``field``'s values."""
     path = work / "data" / f"field{size}.nc"
@@ -138,6 +171,39 @@ def write_refs(nc_path: Path, url: str, work: Path) -> tuple[Path, Path]:
     parquet_path = work / "refs.parq"
     kerchunk.df.refs_to_dataframe(refs, str(parquet_path), record_size=1000)
     return json_path, parquet_path
+
+
+#: Writes the Icechunk repository, in a child: this directory's icechunk.py (a benchmark)
+#: would shadow the package here.
+REPOSITORY_CHILD = r"""
+import sys, icechunk
+from obspec_utils.registry import ObjectStoreRegistry
+from obstore.store import HTTPStore
+from virtualizarr import open_virtual_dataset
+from virtualizarr.parsers import HDFParser
+icechunk.set_logs_filter("error")
+base, path = sys.argv[1], sys.argv[2]
+config = icechunk.RepositoryConfig.default()
+container = icechunk.VirtualChunkContainer(base + "/", icechunk.http_store())
+config.set_virtual_chunk_container(container)
+repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path), config)
+store = HTTPStore.from_url(base, client_options={"allow_http": True})
+vds = open_virtual_dataset(f"{base}/field.nc", registry=ObjectStoreRegistry({base: store}),
+                           parser=HDFParser(), loadable_variables=[])
+session = repo.writable_session("main")
+vds.vz.to_icechunk(session.store)
+session.commit("bench")
+"""
+
+
+def write_repository(base: str, work: Path) -> Path:
+    """``base``/field.nc scanned by VirtualiZarr (over HTTP) into an Icechunk repository."""
+    path = work / "repo"
+    subprocess.run(
+        [sys.executable, "-c", REPOSITORY_CHILD, base, str(path)],
+        check=True, timeout=CHILD_TIMEOUT, cwd="/",
+    )  # fmt: skip
+    return path
 
 
 def cpu_seconds(pid: int) -> float:
@@ -316,6 +382,21 @@ def measure(work: Path, size: int, delay: float) -> list[tuple[str, dict]]:
             options = {"storage_options": storage}
             result = run_child(XARRAY_CHILD, "reference://", json.dumps(options))
             rows.append(("xarray, fsspec reference:// (JSON, in-process)", result))
+            repository = write_repository(nginx.url, tmp)
+            with refmount(repository, tmp / f"mnt-debian-{len(rows)}", "--decode") as m:
+                argv = ["gdal_translate", "-q", "-of", "ENVI"]
+                argv += [f'ZARR:"{m.mountpoint}":/field', str(envi)]
+                result = run_command(
+                    argv, tmp / "gdal.log", lambda _: np.fromfile(envi, "<f4"), m.pid
+                )
+            rows.append((f"{debian}, refmount (Icechunk, --decode)", result))
+            with refmount(repository, tmp / f"mnt-ncdump-{len(rows)}", "--decode") as m:
+                argv = ["ncdump", "-p", "9", "-v", "field"]
+                argv += [f"file://{m.mountpoint}#mode=zarr,file"]
+                result = run_command(argv, tmp / "field.cdl", ncdump_values, m.pid)
+            rows.append(("ncdump (netCDF-C 4.9, Debian), refmount (Icechunk, --decode)", result))
+            result = run_child(ICECHUNK_CHILD, str(repository), nginx.url + "/")
+            rows.append(("xarray + icechunk (in-process)", result))
     for _name, result in rows:
         if "sha256" in result and result["sha256"] != digest:
             result["error"] = "WRONG VALUES"

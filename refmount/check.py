@@ -17,6 +17,7 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -104,6 +105,7 @@ class CheckOptions:
     timeout: float = 30.0
     retries: int = 3
     decode: bool = False
+    decode_strings: str = "omit"
     icechunk: bool = False
     branch: str | None = None
     tag: str | None = None
@@ -158,7 +160,8 @@ def check(options: CheckOptions, progress: Any = None) -> Report:
             if options.decode:
                 from refmount.decode.survey import survey
 
-                report.arrays = trio.run(survey, refset)
+                fixed = options.decode_strings == "fixed"
+                report.arrays = trio.run(partial(survey, refset, fixed_strings=fixed))
         finally:
             refset.close()
         if options.probe:

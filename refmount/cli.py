@@ -96,6 +96,12 @@ def check_parser() -> argparse.ArgumentParser:
         help="also list the arrays the decoded view (--decode) cannot decode or leaves out",
     )
     p.add_argument(
+        "--decode-strings",
+        choices=["omit", "fixed"],
+        default="omit",
+        help="the decoded view's --decode-strings to check against (default omit)",
+    )
+    p.add_argument(
         "--catalog",
         action="store_true",
         help="check REFS as a catalog: every set under it, with a summary (a directory "
@@ -159,6 +165,7 @@ def run_check(argv: list[str]) -> int:
         timeout=args.timeout,
         retries=args.retries,
         decode=args.decode,
+        decode_strings=args.decode_strings,
         icechunk=args.icechunk
         or (not args.catalog and is_repository(args.refs, args.refs_options)),
         branch=args.branch,

@@ -99,6 +99,7 @@ class Config:
     decode_workers: int | None = None
     decode_deadline: float = 120.0
     decode_memory: int = 6 << 30
+    decode_strings: str = "omit"
     catalog: bool = False
     catalog_ttl: float = 60.0
     max_loaded_sets: int = 64
@@ -461,6 +462,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=Config.decode_memory,
         metavar="SIZE",
         help=f"address space of each decoding worker (default {human_size(Config.decode_memory)})",
+    )
+    g.add_argument(
+        "--decode-strings",
+        choices=["omit", "fixed"],
+        help="with --decode, string arrays: 'omit' (the default: Debian's netCDF-C 4.9.0 "
+        "dies on a tree holding one) or 'fixed' (fixed-width bytes |S<n>, for GDAL, zarr "
+        "and newer netCDF-C)",
     )
     g = p.add_argument_group("logging and life cycle")
     g.add_argument(

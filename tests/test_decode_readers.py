@@ -35,7 +35,6 @@ from pathlib import Path
 
 import kerchunk.hdf
 import kerchunk.netCDF3
-import netCDF4
 import numpy as np
 import pytest
 import xarray as xr
@@ -48,7 +47,7 @@ from virtualizarr.parsers import HDFParser, NetCDF3Parser
 from refmount.decode.scalars import SCALAR_DIMENSION
 from tests.support import reader_runs
 from tests.support.mounting import REFMOUNT, Mounted, child_env
-from tests.support.reader_datasets import Dataset, stored_values, write_datasets
+from tests.support.reader_datasets import Dataset, fill_values, stored_values, write_datasets
 from tests.support.reader_runs import EQUAL, Outcome
 
 #: What a scanner does not reference at all (so no reader can read it through any view).
@@ -62,15 +61,6 @@ class RefSet:
     dataset: Dataset
     expected: dict[str, np.ndarray]
     fills: dict[str, object]  # what ncdump's "_" stands for, per variable
-
-
-def fill_values(path: Path) -> dict[str, object]:
-    with netCDF4.Dataset(path) as ds:
-        return {
-            name: getattr(var, "_FillValue", netCDF4.default_fillvals.get(var.dtype.str[1:]))
-            for name, var in ds.variables.items()
-            if var.dtype != str
-        }
 
 
 def kerchunk_set(dataset: Dataset) -> dict:

@@ -27,6 +27,7 @@ from refmount.decode.codecs import Buffer, CodecError, DecodeError, Stage, build
 from refmount.decode.jsontext import dump_json, repair_document, repair_fill_value
 from refmount.decode.scalars import as_one_element
 from refmount.decode.stage import record_dtype
+from refmount.decode.strings import MAX_WIDTH, StringDecoder, string_decoder, vlen_codecs
 
 #: The largest decoded chunk served (bytes): more is refused, not allocated.
 MAX_CHUNK_BYTES = 1 << 30
@@ -56,7 +57,7 @@ class ChunkDecoder:
     dtype: np.dtype
     order: str
     stages: tuple[Stage, ...]  # in decoding order
-    sizes: tuple[int, ...]  # each stage's output size
+    sizes: tuple[int | None, ...]  # each stage's output size (None: input less overhead)
     error: str | None = None
     #: What :func:`chunk_decoder` builds this from: the parameters of a decode job.
     spec: dict[str, Any] | None = None
@@ -74,7 +75,10 @@ class ChunkDecoder:
         data: Buffer = raw
         if not self.stages and len(data) != self.size:
             raise DecodeError(f"an uncompressed chunk of {len(data)} bytes, not {self.size}")
-        for stage, size in zip(self.stages, self.sizes, strict=True):
+        for stage, known in zip(self.stages, self.sizes, strict=True):
+            size = len(data) - (stage.overhead or 0) if known is None else known
+            if size < 0:
+                raise DecodeError(f"{stage.codec_id}: {len(data)} bytes hold no checksum")
             data = stage.decode(data, size)
             if len(data) != size:
                 raise DecodeError(f"{stage.codec_id} decoded {len(data)} bytes, not {size}")
@@ -94,7 +98,7 @@ class Array:
     """A checked ``.zarray``: its decoding, its rewritten text, its chunk-key rules."""
 
     meta: dict[str, Any]
-    decoder: ChunkDecoder
+    decoder: ChunkDecoder | StringDecoder  # StringDecoder: --decode-strings fixed
     separator: str
     text: bytes  # the rewritten .zarray
 
@@ -171,10 +175,12 @@ def _little_record_fill(value: Any, dtype: np.dtype) -> Any:
     return base64.b64encode(record.tobytes()).decode()
 
 
-def parse_zarray(text: bytes) -> Array:
+def parse_zarray(text: bytes, *, string_width: int | None = None) -> Array:
     """A ``.zarray``'s array, or :class:`ArrayRefused` saying why it is left out.  An
     array whose codecs refmount does not decode is not refused: its decoder carries the
-    error, so its chunks fail to read (EIO) rather than vanish."""
+    error, so its chunks fail to read (EIO) rather than vanish.  ``string_width``: a
+    variable-length string array's longest value, to serve it as ``|S<width>``
+    (:mod:`refmount.decode.strings`); without it such an array is refused."""
     try:
         meta = json.loads(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -186,6 +192,8 @@ def parse_zarray(text: bytes) -> Array:
         raise ArrayRefused(f"shape {shape!r} and chunks {chunks!r} are not dimensions alike")
     if len(chunks) > MAX_RANK or any(c <= 0 for c in chunks):
         raise ArrayRefused(f"chunks {chunks!r} are not positive sizes of at most {MAX_RANK} dims")
+    if string_width is not None and vlen_codecs(meta) is not None:
+        return _strings(meta, string_width)
     dtype = _dtype(meta.get("dtype"))
     size = math.prod(chunks) * dtype.itemsize
     if size > MAX_CHUNK_BYTES:
@@ -202,6 +210,23 @@ def parse_zarray(text: bytes) -> Array:
     except RecursionError:
         raise ArrayRefused(".zarray is nested too deep") from None
     return Array(meta, decoder, separator, rewritten)
+
+
+def _strings(meta: dict[str, Any], width: int) -> Array:
+    if not 0 < width <= MAX_WIDTH:
+        raise ArrayRefused(f"strings of {width} bytes, wider than {MAX_WIDTH}")
+    chunks = meta["chunks"]
+    if meta.get("order", "C") != "C" and len(chunks) > 1:
+        raise ArrayRefused("variable-length values in F order are not decoded")
+    if math.prod(chunks) * width > MAX_CHUNK_BYTES:
+        raise ArrayRefused(f"a chunk of {chunks} strings of {width} bytes is over the bound")
+    separator = meta.get("dimension_separator", ".")
+    if separator not in (".", "/"):
+        raise ArrayRefused(f"dimension_separator {separator!r} is neither '.' nor '/'")
+    shown = as_one_element(meta) if meta["shape"] == [] else dict(meta)
+    shown.update(dtype=f"|S{width}", order="C", compressor=None, filters=None, fill_value="")
+    text = dump_json(repair_document(shown, ".zarray"))
+    return Array(meta, string_decoder(meta, width), separator, text)
 
 
 def _dims(value: Any) -> bool:
@@ -264,15 +289,20 @@ def chunk_decoder(spec: Mapping[str, Any]) -> ChunkDecoder:
     return ChunkDecoder(key, size, chunks, dtype, order, stages, sizes, spec=plain)
 
 
-def _stage_sizes(stages: tuple[Stage, ...], size: int) -> tuple[int, ...]:
-    """Each stage's exact output size, the last stage's being the chunk's."""
+def _stage_sizes(stages: tuple[Stage, ...], size: int) -> tuple[int | None, ...]:
+    """Each stage's exact output size, the last stage's being the chunk's.  ``None``: a
+    checksum's output before a compressor, its input less the checksum (the input's
+    size is bounded by :attr:`ChunkDecoder.max_raw_size`)."""
     if not stages:
         return ()
     sizes = [size]
-    for stage in reversed(stages[1:]):
-        before = stage.encoded_size(sizes[0])
+    for at in range(len(stages) - 1, 0, -1):
+        before = stages[at].encoded_size(sizes[0])
         if before is None:
-            raise CodecError(f"{stage.codec_id} as a filter before others is not decoded")
+            unchecked = [s.codec_id for s in stages[:at] if s.overhead is None]
+            if unchecked:
+                raise CodecError(f"{stages[at].codec_id} after {unchecked[-1]} is not decoded")
+            return (*[None] * at, *sizes)
         sizes.insert(0, before)
     return tuple(sizes)
 

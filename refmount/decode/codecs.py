@@ -21,7 +21,7 @@ import lzma
 import struct
 import zlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -40,6 +40,28 @@ from refmount.decode.stage import (
 )
 
 
+class ChunkDecoding(Protocol):
+    """What reads use of a chunk's decoding (:class:`refmount.decode.arrays.ChunkDecoder`,
+    :class:`refmount.decode.strings.StringDecoder`,
+    :class:`refmount.decode.shards.ShardDecoder`): ``key`` names it (chunks decoded alike
+    share a cache entry), ``size`` is the decoded size, ``error`` set when it cannot
+    decode at all, ``max_raw_size`` bounds the raw bytes fetched."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+    @property
+    def max_raw_size(self) -> int: ...
+
+    def decode(self, raw: Buffer) -> bytes: ...
+
+
 def _number(config: Mapping[str, Any], name: str) -> float:
     value = config.get(name)
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -52,6 +74,16 @@ def _number(config: Mapping[str, Any], name: str) -> float:
 
 def _streamed(make: Callable[[], Any], codec_id: str) -> Callable[[Buffer, int], Buffer]:
     """Decoding with a streaming decompressor that stops one byte past ``size``."""
+    at_most = _streamed_at_most(make, codec_id)
+
+    def decode(data: Buffer, size: int) -> Buffer:
+        return exact(at_most(data, size), size, codec_id)
+
+    return decode
+
+
+def _streamed_at_most(make: Callable[[], Any], codec_id: str) -> Callable[[Buffer, int], Buffer]:
+    """Decoding to at most ``size`` bytes with a streaming decompressor."""
 
     def decode(data: Buffer, size: int) -> Buffer:
         decompressor = make()
@@ -63,21 +95,30 @@ def _streamed(make: Callable[[], Any], codec_id: str) -> Callable[[Buffer, int],
             raise DecodeError(f"{codec_id} decodes to more than the chunk's {size} bytes")
         if not decompressor.eof:
             raise DecodeError(f"{codec_id}: the compressed stream is truncated")
-        return exact(out, size, codec_id)
+        return out
 
     return decode
 
 
+def _streaming_stage(codec_id: str, make: Callable[[], Any]) -> Stage:
+    return Stage(
+        codec_id,
+        _streamed(make, codec_id),
+        unknown_size,
+        at_most=_streamed_at_most(make, codec_id),
+    )
+
+
 def _zlib(config: Mapping[str, Any]) -> Stage:
-    return Stage("zlib", _streamed(lambda: zlib.decompressobj(15), "zlib"), unknown_size)
+    return _streaming_stage("zlib", lambda: zlib.decompressobj(15))
 
 
 def _gzip(config: Mapping[str, Any]) -> Stage:
-    return Stage("gzip", _streamed(lambda: zlib.decompressobj(31), "gzip"), unknown_size)
+    return _streaming_stage("gzip", lambda: zlib.decompressobj(31))
 
 
 def _bz2(config: Mapping[str, Any]) -> Stage:
-    return Stage("bz2", _streamed(bz2.BZ2Decompressor, "bz2"), unknown_size)
+    return _streaming_stage("bz2", bz2.BZ2Decompressor)
 
 
 def _lzma(config: Mapping[str, Any]) -> Stage:
@@ -87,23 +128,26 @@ def _lzma(config: Mapping[str, Any]) -> Stage:
         raise CodecError(f"lzma: format {fmt!r} is not one refmount decodes (raw needs filters)")
     if config.get("filters") is not None:
         raise CodecError("lzma: custom filter chains are not decoded")
-    return Stage("lzma", _streamed(lambda: lzma.LZMADecompressor(fmt), "lzma"), unknown_size)
+    return _streaming_stage("lzma", lambda: lzma.LZMADecompressor(fmt))
 
 
 def _zstd(config: Mapping[str, Any]) -> Stage:
     import zstandard
 
-    def decode(data: Buffer, size: int) -> Buffer:
-        declared = zstandard.frame_content_size(data)
-        if declared >= 0 and declared != size:
-            raise DecodeError(f"zstd frame declares {declared} bytes where the chunk has {size}")
+    def at_most(data: Buffer, size: int) -> Buffer:
         try:
-            out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
+            declared = zstandard.frame_content_size(data)  # not a zstd frame: ZstdError
+            if declared > size:
+                raise DecodeError(f"zstd frame declares {declared} bytes, over {size}")
+            # max_output_size applies to a frame that does not declare its size
+            return zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
         except zstandard.ZstdError as exc:
             raise DecodeError(f"zstd: {exc}") from None
-        return exact(out, size, "zstd")
 
-    return Stage("zstd", decode, unknown_size)
+    def decode(data: Buffer, size: int) -> Buffer:
+        return exact(at_most(data, size), size, "zstd")
+
+    return Stage("zstd", decode, unknown_size, at_most=at_most)
 
 
 _BLOSC_HEADER = struct.Struct("<BBBBIII")  # version, versionlz, flags, typesize, nbytes, ...
@@ -251,7 +295,26 @@ def _checksum(codec_id: str, config: Mapping[str, Any]) -> Stage:
         except RuntimeError as exc:
             raise DecodeError(f"{codec_id}: {exc}") from None
 
-    return Stage(codec_id, decode, lambda size: size + 4)
+    return Stage(codec_id, decode, lambda size: size + 4, overhead=4)
+
+
+def _crc32c(config: Mapping[str, Any]) -> Stage:
+    """CRC-32C (Castagnoli) of the data, 4 bytes little-endian after it (Zarr v3's
+    ``crc32c`` codec, numcodecs' ``crc32c`` with its default ``location`` "end")."""
+    import google_crc32c
+
+    if config.get("location", "end") != "end":
+        raise CodecError(f"crc32c: location {config.get('location')!r} is not decoded")
+
+    def decode(data: Buffer, size: int) -> Buffer:
+        exact(data, size + 4, "crc32c")
+        body = bytes(memoryview(data)[:size])  # google_crc32c reads bytes, not views
+        stored = int.from_bytes(memoryview(data)[size:], "little")
+        if google_crc32c.value(body) != stored:
+            raise DecodeError("crc32c: the checksum does not match the chunk's bytes")
+        return body
+
+    return Stage("crc32c", decode, lambda size: size + 4, overhead=4)
 
 
 #: Codec id -> its builder: numcodecs' here, GRIB, TIFF and FITS in their modules.
@@ -277,6 +340,7 @@ BUILDERS: dict[str, Callable[[Mapping[str, Any]], Stage]] = {
     "fletcher32": lambda config: _checksum("fletcher32", config),
     "crc32": lambda config: _checksum("crc32", config),
     "adler32": lambda config: _checksum("adler32", config),
+    "crc32c": _crc32c,
     # tifffile and kerchunk.tiff write numcodecs' zlib; imagecodecs' own ids also decode
     # with the checked streaming decoders above.
     **grib.BUILDERS,
@@ -295,4 +359,12 @@ def build_stage(config: Any) -> Stage:
     return builder(config)
 
 
-__all__ = ["BUILDERS", "Buffer", "CodecError", "DecodeError", "Stage", "build_stage"]
+__all__ = [
+    "BUILDERS",
+    "Buffer",
+    "ChunkDecoding",
+    "CodecError",
+    "DecodeError",
+    "Stage",
+    "build_stage",
+]

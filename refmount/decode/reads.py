@@ -36,8 +36,8 @@ import trio
 
 from refmount.cache import BlockCache, Part
 from refmount.cache.parts import State
-from refmount.decode.arrays import ChunkDecoder, DecodeError
-from refmount.decode.codecs import Buffer
+from refmount.decode.codecs import Buffer, ChunkDecoding, DecodeError
+from refmount.decode.shards import ShardDecoder
 from refmount.decode.view import SCHEME, DecodedRefSet
 from refmount.errors import FetchError
 from refmount.refs.model import Checksum, Ref, RefSet
@@ -58,9 +58,12 @@ ChunkKey = tuple[str, Ref]
 class DecodedReads:
     """Reads through ``blocks``, decoding the chunks of decoded views it made."""
 
-    def __init__(self, blocks: BlockCache, runner: JobRunner | None = None) -> None:
+    def __init__(
+        self, blocks: BlockCache, runner: JobRunner | None = None, *, fixed_strings: bool = False
+    ) -> None:
         self.blocks = blocks
         self.runner = runner or InProcessRunner(max(1, os.cpu_count() or 1))
+        self.fixed_strings = fixed_strings
         self._limiter: trio.CapacityLimiter | None = None
         self._views: weakref.WeakValueDictionary[int, DecodedRefSet] = weakref.WeakValueDictionary()
         self._serials = itertools.count()
@@ -75,7 +78,9 @@ class DecodedReads:
 
     def view(self, raw: RefSet) -> DecodedRefSet:
         """The decoded view of ``raw``, whose chunks this reads."""
-        view = DecodedRefSet(raw, next(self._serials))
+        view = DecodedRefSet(
+            raw, next(self._serials), fixed_strings=self.fixed_strings, fetch=self._raw
+        )
         self._views[view.serial] = view
         return view
 
@@ -99,7 +104,7 @@ class DecodedReads:
 
     # -- decoding -------------------------------------------------------------------------
 
-    async def _source(self, url: str) -> tuple[str, Ref, ChunkDecoder]:
+    async def _source(self, url: str) -> tuple[str, Ref, ChunkDecoding]:
         serial, _, file_id = url[len(SCHEME) :].partition("/")
         view = self._views.get(int(serial))
         found = await view.chunk_source(int(file_id)) if view is not None else None
@@ -147,31 +152,39 @@ class DecodedReads:
         self._counters["decoded_bytes"] += len(data)
         return part
 
-    async def _decode(self, array: str, source: Ref, decoder: ChunkDecoder) -> Buffer:
-        raw = await self._raw(array, source, decoder)
-        if decoder.spec is None or not decoder.stages:  # stored as it is: its size, order
+    async def _decode(self, array: str, source: Ref, decoding: ChunkDecoding) -> Buffer:
+        raw: Buffer = await self._raw(array, source, decoding.max_raw_size)
+        try:
+            if isinstance(decoding, ShardDecoder):  # its index here, the inner chunk below
+                inner = decoding.inner_bytes(raw)
+                if inner is None:
+                    return decoding.filled()
+                decoding, raw = decoding.inner, inner
+            spec = getattr(decoding, "spec", None)
+            if spec is not None and getattr(decoding, "stages", ()):
+                return await self.runner.submit("decode", spec, raw, decoding.size)
+            # Stored as it is (its size and byte order checked), or variable-length
+            # strings (their decompression bounded, see ``strings``): in threads here.
             if self._limiter is None:
                 self._limiter = trio.CapacityLimiter(max(1, os.cpu_count() or 1))
-            try:
-                return await trio.to_thread.run_sync(decoder.decode, raw, limiter=self._limiter)
-            except DecodeError as exc:
-                raise FetchError(f"array {array or '/'!r}: {exc}") from None
-        try:
-            return await self.runner.submit("decode", decoder.spec, raw, decoder.size)
-        except JobFailed as exc:
+            return await trio.to_thread.run_sync(decoding.decode, raw, limiter=self._limiter)
+        except (JobFailed, DecodeError) as exc:
             raise FetchError(f"array {array or '/'!r}: a chunk does not decode: {exc}") from None
 
-    async def _raw(self, array: str, source: Ref, decoder: ChunkDecoder) -> bytes | memoryview:
+    async def _raw(self, array: str, source: Ref, bound: int) -> bytes | memoryview:
+        """A chunk's raw bytes, at most ``bound`` of them."""
         if source.data is not None:
+            if len(source.data) > bound:
+                raise FetchError(f"array {array or '/'!r}: an inline chunk over {bound} bytes")
             return source.data
         assert source.url is not None
         length = source.length
         if length is None:
             length = await self.blocks.fetcher.size(source.url)
-        if length > decoder.max_raw_size:
+        if length > bound:
             raise FetchError(
-                f"array {array or '/'!r}: a raw chunk of {length} bytes for a decoded chunk "
-                f"of {decoder.size}"
+                f"array {array or '/'!r}: a raw chunk of {length} bytes, over {bound} "
+                "for its decoded chunk"
             )
         start, end = source.offset, source.offset + length
         return await self.blocks.read_buffer(source.url, start, end, (start, end), source.checksum)

@@ -30,11 +30,17 @@ class DecodeError(Exception):
 class Stage:
     """One codec's decoding.  ``decode(data, size)`` returns exactly ``size`` bytes or
     raises :class:`DecodeError`; ``encoded_size(size)`` is the exact size of the input
-    that decodes to ``size`` bytes, or ``None`` where only the data says (compressors)."""
+    that decodes to ``size`` bytes, or ``None`` where only the data says (compressors).
+    ``overhead``: the bytes a checksum adds, set for stages whose output is their input
+    less that many bytes, so they may run before a compressor (Zarr v3 ``crc32c`` last).
+    ``at_most(data, bound)``: a compressor's output of any size up to ``bound`` (what a
+    variable-length chunk decompresses to is known only so far), or ``None``."""
 
     codec_id: str
     decode: Callable[[Buffer, int], Buffer]
     encoded_size: Callable[[int], int | None]
+    overhead: int | None = None
+    at_most: Callable[[Buffer, int], Buffer] | None = None
 
 
 #: Plain numeric dtypes a filter may name: bool, integers, floats, any byte order.

@@ -23,7 +23,8 @@ An array the view cannot present (variable-length or structured dtype, a ``.zarr
 that is not Zarr v2 or not held inline, chunk bytes over the bound) is left out whole:
 its directory, metadata and chunks are not in the view, and ``.zmetadata`` does not
 list it.  Each such array is logged once.  An array whose codecs refmount does not
-decode stays, and its chunks read as EIO.
+decode stays, and its chunks read as EIO.  A Zarr v3 tree is first presented as the v2
+tree of the same data (:mod:`refmount.decode.v3tree`), its refusals left out alike.
 """
 
 from __future__ import annotations
@@ -33,9 +34,16 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import trio
+
 from refmount.decode.arrays import Array, ArrayRefused, ChunkDecoder, parse_zarray
+from refmount.decode.codecs import ChunkDecoding
 from refmount.decode.jsontext import dump_json, repair_document
 from refmount.decode.scalars import created_attributes, scalar_attributes
+from refmount.decode.shards import ShardDecoder, ShardLayout, shard_decoder
+from refmount.decode.strings import vlen_codecs
+from refmount.decode.v3tree import V3AsV2, presented_as_v2
+from refmount.decode.widths import Fetch, measure_widths
 from refmount.refs.model import Child, Ref, RefSet
 from refmount.tree import GENERATION_SPAN
 
@@ -59,7 +67,7 @@ class DecodedRef(Ref):
     are equal when they decode the same reference alike (a reload keeps its inode)."""
 
     source: Ref | None = None
-    decoder: ChunkDecoder | None = None
+    decoder: ChunkDecoding | None = None
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -79,10 +87,25 @@ def _join(path: str, name: str) -> str:
 
 
 class DecodedRefSet(RefSet):
-    """``raw`` with its arrays decoded; ``serial`` names it in its chunks' URLs."""
+    """``raw`` with its arrays decoded; ``serial`` names it in its chunks' URLs;
+    ``fixed_strings``: string arrays served as fixed-width bytes (``--decode-strings
+    fixed``), not left out."""
 
-    def __init__(self, raw: RefSet, serial: int) -> None:
-        self.raw = raw
+    def __init__(
+        self,
+        raw: RefSet,
+        serial: int,
+        *,
+        fixed_strings: bool = False,
+        fetch: Fetch | None = None,
+    ) -> None:
+        self.fixed_strings = fixed_strings
+        self.raw = presented_as_v2(raw, fixed_strings=fixed_strings)
+        #: With ``fixed_strings``: string arrays' widths (or why not), once measured.
+        self._fetch = fetch
+        self._widths: dict[str, int | str] | None = None
+        self._measuring: trio.Lock | None = None
+        self._shard_decoders: dict[tuple[str, str, ShardLayout, int], ShardDecoder] = {}
         self.serial = serial
         self.mtime = raw.mtime
         self._arrays: dict[str, Array | ArrayRefused | None] = {}  # directory -> its array
@@ -101,17 +124,50 @@ class DecodedRefSet(RefSet):
             pass
         found: Array | ArrayRefused | None = None
         file_id = self.raw.file_id(_join(path, ".zarray"))
-        if file_id is not None:
+        refused = self.raw.refused(path) if isinstance(self.raw, V3AsV2) else None
+        if refused is not None:
+            found = ArrayRefused(refused)  # logged by the v3 tree
+        elif file_id is not None:
             ref = self.raw.ref(file_id)
             try:
                 if ref.data is None:
                     raise ArrayRefused("its .zarray is not held inline in the reference set")
-                found = parse_zarray(ref.data)
+                found = parse_zarray(ref.data, string_width=self._width(path))
             except ArrayRefused as exc:
                 found = exc
                 log.warning("array %r is left out of the decoded view: %s", path or "/", exc)
         self._arrays[path] = found
         return found
+
+    def _width(self, path: str) -> int | None:
+        width = (self._widths or {}).get(path)
+        if isinstance(width, str):
+            raise ArrayRefused(f"its strings could not be measured: {width}")
+        return width
+
+    async def measure_strings(self) -> None:
+        """With ``fixed_strings``, measure every string array once, before the first
+        use of the view (their ``.zarray`` says their width)."""
+        if self._widths is not None or not self.fixed_strings or self._fetch is None:
+            return
+        if self._measuring is None:
+            self._measuring = trio.Lock()
+        async with self._measuring:
+            if self._widths is None:
+                self._widths = await measure_widths(self.raw, self._fetch)
+                self._arrays.clear()  # string arrays are presented from now on
+                self._rewritten.clear()
+
+    def string_array(self, path: str) -> bool:
+        """Whether ``path`` holds a variable-length string array the view would serve
+        (``fixed_strings``) once measured."""
+        file_id = self.raw.file_id(_join(path, ".zarray"))
+        data = self.raw.ref(file_id).data if file_id is not None else None
+        try:
+            meta = json.loads(data) if data is not None else None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return False
+        return self.fixed_strings and isinstance(meta, dict) and vlen_codecs(meta) is not None
 
     def left_out(self, path: str) -> bool:
         """Whether ``path`` (a key or directory) is inside an array left out."""
@@ -135,7 +191,7 @@ class DecodedRefSet(RefSet):
             name = f"{last}/{name}"
         return None
 
-    async def chunk_source(self, file_id: int) -> tuple[str, Ref, ChunkDecoder] | None:
+    async def chunk_source(self, file_id: int) -> tuple[str, Ref, ChunkDecoding] | None:
         """``(array path, raw reference, decoder)`` of a chunk's file id."""
         ref = await self.file_ref(file_id)
         if not isinstance(ref, DecodedRef) or ref.source is None or ref.decoder is None:
@@ -243,11 +299,13 @@ class DecodedRefSet(RefSet):
         return self._presented(file_id, self.raw.ref(file_id))
 
     async def file_ref(self, file_id: int) -> Ref:
+        await self.measure_strings()
         if file_id in self._created_paths:
             return self.ref(file_id)
         return self._presented(file_id, await self.raw.file_ref(file_id))
 
     async def find_file(self, key: str) -> int | None:
+        await self.measure_strings()
         path, _, name = key.rpartition("/")
         if self.left_out(path):
             return None
@@ -263,10 +321,24 @@ class DecodedRefSet(RefSet):
         found = self.chunk_array(key)
         if found is None:
             return ref
-        decoder = found[1].decoder
+        decoder = self._decoder(file_id, found[1])
         return DecodedRef(
             url=f"{SCHEME}{self.serial}/{file_id}", length=decoder.size, source=ref, decoder=decoder
         )
+
+    def _decoder(self, file_id: int, array: Array) -> ChunkDecoding:
+        """The decoder of a chunk of ``array``: the array's, or for an inner chunk of a
+        sharded Zarr v3 array, the decoding of its place in the shard."""
+        inner = self.raw.inner_chunk(file_id) if isinstance(self.raw, V3AsV2) else None
+        if inner is None or not isinstance(array.decoder, ChunkDecoder):
+            return array.decoder
+        layout, position = inner
+        fill = array.meta.get("fill_value")
+        key = (array.decoder.key, repr(fill), layout, position)
+        found = self._shard_decoders.get(key)
+        if found is None:
+            found = self._shard_decoders[key] = shard_decoder(array.decoder, layout, position, fill)
+        return found
 
     def file_size(self, file_id: int) -> int | None:
         key = self.key(file_id)
@@ -305,6 +377,7 @@ class DecodedRefSet(RefSet):
 
     async def ensure(self, path: str, after: int = -1) -> None:
         # Metadata keys are held by every kind of set: ``array_at`` loads nothing.
+        await self.measure_strings()
         await self.raw.ensure(path, after)
 
     def url_extent(self, url: str) -> int | None:

@@ -341,7 +341,7 @@ def _reads(
     from refmount.decode import DecodedReads  # numpy and numcodecs: only when asked
 
     workers = decode_workers(config)
-    decoded = DecodedReads(cache, workers)
+    decoded = DecodedReads(cache, workers, fixed_strings=config.decode_strings == "fixed")
     return decoded, decoded.view, workers
 
 

@@ -179,3 +179,13 @@ def stored_values(path: Path) -> dict[str, np.ndarray]:
         name: a if a.dtype == object else a.astype(a.dtype.newbyteorder("="))
         for name, a in arrays.items()
     }
+
+
+def fill_values(path: Path) -> dict[str, object]:
+    """What ``ncdump`` prints as ``_`` stands for, per variable: its fill value."""
+    with netCDF4.Dataset(path) as ds:
+        return {
+            name: getattr(var, "_FillValue", netCDF4.default_fillvals.get(var.dtype.str[1:]))
+            for name, var in ds.variables.items()
+            if var.dtype != str
+        }

@@ -1,0 +1,167 @@
+"""Zarr v3 sharded arrays (``sharding_indexed``): each inner chunk served as a v2 chunk.
+
+A shard is one object holding the inner chunks of a block of the array, each encoded by
+the inner codecs, and an index: per inner chunk (C order) its offset and length in the
+shard, two little-endian uint64, both all ones for a chunk not written; the index at the
+shard's end (or start), followed by its CRC-32C when ``index_codecs`` say so.
+
+The decoded view presents the array with the inner chunk shape as its chunks; the inner
+chunk ``(i, j)`` is served from the shard holding it: :class:`ShardDecoder` is given the
+whole shard (through the block cache: the shard is fetched once for all its inner
+chunks), checks and reads the index, and decodes the inner chunk's bytes with the inner
+pipeline's decoder.  An inner chunk not written reads as the fill value.  A shard is never
+served as a chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from refmount.decode.arrays import ArrayRefused, ChunkDecoder
+from refmount.decode.codecs import Buffer, DecodeError
+
+_MISSING = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Where inner chunks lie: ``per_shard`` inner chunks along each dimension, the index
+    at the ``end`` (or start), with a CRC-32C after it when ``checksummed``."""
+
+    per_shard: tuple[int, ...]
+    end: bool
+    checksummed: bool
+
+    @property
+    def count(self) -> int:
+        return math.prod(self.per_shard)
+
+    @property
+    def index_size(self) -> int:
+        return self.count * 16 + (4 if self.checksummed else 0)
+
+    def shard_of(self, inner: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+        """The shard holding inner chunk ``inner``, and the inner chunk's position in it."""
+        shard = tuple(i // n for i, n in zip(inner, self.per_shard, strict=True))
+        local = tuple(i % n for i, n in zip(inner, self.per_shard, strict=True))
+        return shard, int(np.ravel_multi_index(local, self.per_shard)) if local else 0
+
+    def inner_chunks(self, shard: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The inner chunks of ``shard``, in index order."""
+        starts = [s * n for s, n in zip(shard, self.per_shard, strict=True)]
+        return [
+            tuple(start + i for start, i in zip(starts, local, strict=True))
+            for local in np.ndindex(*self.per_shard)
+        ]
+
+
+def _index_codecs(codecs: Any) -> bool:
+    """Whether the index has a CRC-32C; other index encodings are refused."""
+    names = [c.get("name") if isinstance(c, dict) else c for c in codecs or []]
+    endian = [
+        (c.get("configuration") or {}).get("endian", "little")
+        for c in codecs or []
+        if isinstance(c, dict) and c.get("name") == "bytes"
+    ]
+    if names not in (["bytes"], ["bytes", "crc32c"]) or endian != ["little"]:
+        raise ArrayRefused(f"shard index codecs {codecs!r} are not decoded")
+    return names == ["bytes", "crc32c"]
+
+
+def shard_layout(
+    configuration: dict[str, Any], shard_shape: list[int]
+) -> tuple[ShardLayout, list[int], Any]:
+    """The layout of shards of ``shard_shape``, the inner chunk shape and inner codecs."""
+    inner = configuration.get("chunk_shape")
+    if (
+        not isinstance(inner, list)
+        or len(inner) != len(shard_shape)
+        or not all(isinstance(n, int) and n > 0 for n in inner)
+        or any(s % n for s, n in zip(shard_shape, inner, strict=True))
+    ):
+        raise ArrayRefused(f"inner chunks {inner!r} do not divide shards {shard_shape!r}")
+    location = configuration.get("index_location", "end")
+    if location not in ("start", "end"):
+        raise ArrayRefused(f"shard index_location {location!r}")
+    per_shard = tuple(s // n for s, n in zip(shard_shape, inner, strict=True))
+    if math.prod(per_shard) > 1 << 20:
+        raise ArrayRefused(f"{math.prod(per_shard)} inner chunks per shard, over 2**20")
+    checksummed = _index_codecs(configuration.get("index_codecs"))
+    layout = ShardLayout(per_shard, location == "end", checksummed)
+    return layout, inner, configuration.get("codecs")
+
+
+@dataclass(frozen=True)
+class ShardDecoder:
+    """Inner chunk ``position`` of a whole shard, decoded by ``inner`` (a
+    :class:`refmount.decode.codecs.ChunkDecoding`)."""
+
+    key: str
+    inner: ChunkDecoder
+    layout: ShardLayout
+    position: int
+    fill: bytes | None  # None: the fill value has no bytes of the dtype
+
+    @property
+    def size(self) -> int:
+        return self.inner.size
+
+    @property
+    def error(self) -> str | None:
+        return self.inner.error
+
+    @property
+    def max_raw_size(self) -> int:
+        return self.layout.count * self.inner.max_raw_size + self.layout.index_size
+
+    def inner_bytes(self, raw: Buffer) -> memoryview | None:
+        """The inner chunk's encoded bytes in the shard ``raw``, its index checked;
+        ``None`` when the shard holds no such chunk (it reads as the fill value)."""
+        view = memoryview(raw).cast("B")
+        size = self.layout.index_size
+        if len(view) < size:
+            raise DecodeError(f"a shard of {len(view)} bytes is shorter than its index")
+        index = view[len(view) - size :] if self.layout.end else view[:size]
+        entries = index[: self.layout.count * 16]
+        if self.layout.checksummed:
+            import google_crc32c
+
+            stored = int.from_bytes(index[-4:], "little")
+            if google_crc32c.value(bytes(entries)) != stored:
+                raise DecodeError("the shard index's crc32c does not match")
+        offset, length = np.frombuffer(entries, "<u8")[2 * self.position : 2 * self.position + 2]
+        if offset == _MISSING and length == _MISSING:
+            return None
+        if offset + length > len(view):
+            raise DecodeError(f"an inner chunk at {offset}+{length} past the shard's end")
+        return view[int(offset) : int(offset + length)]
+
+    def filled(self) -> bytes:
+        """The inner chunk of a shard that holds none: the fill value."""
+        if self.fill is None:
+            raise DecodeError("an inner chunk not written, and no fill value to serve")
+        return self.fill
+
+    def decode(self, raw: Buffer) -> bytes:
+        inner = self.inner_bytes(raw)
+        return self.filled() if inner is None else self.inner.decode(inner)
+
+
+def shard_decoder(
+    inner: ChunkDecoder, layout: ShardLayout, position: int, fill_value: Any
+) -> ShardDecoder:
+    """Inner chunk ``position``'s decoder; ``fill_value`` as the ``.zarray`` says it."""
+    little = inner.dtype.newbyteorder("<") if inner.dtype.byteorder == ">" else inner.dtype
+    try:
+        value = 0 if fill_value is None else fill_value
+        fill: bytes | None = np.full(inner.chunks, value, dtype=little).tobytes()
+    except (ValueError, TypeError, OverflowError):
+        fill = None
+    identity = f"{inner.key}/{layout}/{position}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:32]
+    return ShardDecoder(key, inner, layout, position, fill)

@@ -17,7 +17,10 @@ read).  ``--quick``: 64 MiB, 400 chunks and 100,000 keys.
 Systems (one run, same machine, same bytes):
 
   limit          fsspec's HTTP filesystem in-process with refmount's parallelism: 8
-                 requests of 8 MiB in flight (W1, W2, W4), 16 chunk requests (W3)
+                 requests of 8 MiB in flight (W1, W2, W4), 16 chunk requests (W3);
+                 obstore, refmount's HTTP client, for the cold workloads: one GET of all
+                 chunks as one stream (W2c), one ``get_range_async`` per chunk, 16 in
+                 flight (W3d)
   fsspec         ``ReferenceFileSystem`` in-process: ``cat_file("big")``, ``cat(keys)``,
                  16 threads of ``cat_file`` (W3), ``find("")``
   fsspec.fuse    fsspec's own FUSE mount (needs libfuse2 + fusepy; skipped without)
@@ -31,7 +34,10 @@ Systems (one run, same machine, same bytes):
 
 Workloads: W1 ``dd bs=1M`` of ``big``; W2 one ``cat`` of all chunk files in key order;
 W3 16 ``cat`` processes over random chunk files; W4 W2 again on the same mount (warm);
-find ``find MNT -type f | wc -l``.  W1, W2 and W3 each get a fresh mount.  Output: a
+find ``find MNT -type f | wc -l``.  Issue 22's cold workloads start with the kernel's
+page cache dropped (``/proc/sys/vm/drop_caches``, as root; the server's files too):
+W2c is W2 so, W3d 16 ``cat`` processes over 2,000 distinct chunk files of the 4,000,
+each read once.  W1, W2, W2c, W3 and W3d each get a fresh mount.  Output: a
 markdown table with issue 15's targets (stdout and ``results.md``), a table of each FUSE
 daemon's CPU seconds per GB and per chunk file (user + system of all its threads, read
 from ``/proc`` before and after each workload: steadier than rates on a shared machine),

@@ -405,8 +405,8 @@ def test_admission_never_waits_a_full_queue_is_refused(tmp_path: Path) -> None:
 def test_the_write_queue_is_bounded_by_its_config_and_by_the_memory_budget(
     tmp_path: Path,
 ) -> None:
-    """A 64 MiB memory cache gets a 16 MiB queue (a quarter), a large one the default."""
-    assert disk_queue_bytes(64 << 20) == 16 << 20
+    """A 64 MiB memory cache gets an 8 MiB queue (an eighth), a large one the default."""
+    assert disk_queue_bytes(64 << 20) == 8 << 20
     assert disk_queue_bytes(8 << 30) == QUEUE_BYTES
 
     async def main() -> None:
@@ -419,7 +419,7 @@ def test_the_write_queue_is_bounded_by_its_config_and_by_the_memory_budget(
                 disk.admit(
                     EntryKey("https://example.org/d", "v", i * UNIT, UNIT), i * UNIT, piece, None
                 )
-            assert disk.counters["disk_refusals"] == 100 - (16 << 20) // UNIT
+            assert disk.counters["disk_refusals"] == 100 - (8 << 20) // UNIT
             nursery.cancel_scope.cancel()
 
     trio.run(main)

@@ -277,8 +277,8 @@ def disk_queue_bytes(cache_size: int) -> int:
     :data:`QUEUE_BYTES` (the default 1 GiB budget keeps the full queue).  Queued pieces
     may hold parts the memory cache has let go, so the queue is memory beyond the
     budget: bounded by it.  ``bench/soak.py --cache-size 64M --disk-cache DIR``, peak
-    RSS: 253-261 MiB with a 64 MiB queue, 206-209 MiB with 16 MiB (2 and 10 minutes),
-    against 207 MiB allowed (the budget + 150 MB)."""
+    RSS: 261 MiB with a 64 MiB queue, 206 and 211 MiB with 16 MiB (2 and 10 minutes), 205
+    MiB with 8 MiB (10 minutes), against 207 MiB allowed (the budget + 150 MB)."""
     return min(QUEUE_BYTES, max(cache_size // 8, UNIT))
 
 

@@ -1,6 +1,7 @@
 """Soak: 16 readers for minutes against a store that fails on a schedule (issue 8).
 
     .venv/bin/python bench/soak.py [--minutes 3] [--readers 16] [--every 2] [--cache-size 64M]
+                                   [--disk-cache DIR [--disk-cache-size 64M]] [--no-validators]
 
 Serves generated files from tests/support/rangeserver.py on 127.0.0.1, mounts a JSON
 reference set of ranges into them (and a few whole-file keys) with refmount in the
@@ -40,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support.servers import RangeServer
 
 FILES = 16
+RSS_ALLOWANCE = 150 * 10**6  # the daemon may hold its memory cache plus this
 FILE_SIZE = 8 << 20
 FAULTS = [  # (mode, how many requests it affects)
     ("503", 3), ("500", 2), ("429", 2), ("404", 4), ("403", 4), ("reset", 2),
@@ -165,11 +167,18 @@ def inject(server: RangeServer, stop: float, every: float, injected: Counter[str
             injected[mode] += 1
 
 
+def parse_size(text: str) -> int:
+    """Bytes of a size as refmount's options take it (``64M``, ``1G``)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
 def process_figures(pid: int) -> dict[str, int]:
     status = Path(f"/proc/{pid}/status").read_text()
     values = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     return {
-        "rss_mb": int(values["VmRSS"].split()[0]) // 1024,
+        "rss_mb": int(values["VmRSS"].split()[0]) // 1024,  # MiB
         "peak_mb": int(values["VmHWM"].split()[0]) // 1024,
         "threads": int(values["Threads"]),
         "fds": len(os.listdir(f"/proc/{pid}/fd")),
@@ -184,9 +193,12 @@ def is_mounted(path: Path) -> bool:
 def mount(refs: Path, mountpoint: Path, log: Path, args: argparse.Namespace) -> subprocess.Popen:
     argv = [sys.executable, "-m", "refmount", str(refs), str(mountpoint), "-f"]
     argv += ["--cache-size", args.cache_size, "--timeout", str(args.timeout), "--retries", "2"]
+    if args.disk_cache:
+        argv += ["--disk-cache", args.disk_cache, "--disk-cache-size", args.disk_cache_size]
+    env = dict(os.environ, **dict(item.split("=", 1) for item in args.env))
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env
         )
     deadline = time.monotonic() + 60
     while not is_mounted(mountpoint):
@@ -216,12 +228,18 @@ def main() -> int:
     parser.add_argument("--sample", type=float, default=15.0, help="seconds between lines")
     parser.add_argument("--cache-size", default="64M")
     parser.add_argument("--timeout", type=float, default=2.0)
+    parser.add_argument("--disk-cache", metavar="DIR", help="refmount's --disk-cache")
+    parser.add_argument("--disk-cache-size", default="64M")
+    parser.add_argument(
+        "--no-validators", action="store_true", help="the server sends no ETag, Last-Modified"
+    )
+    parser.add_argument("--env", nargs="*", default=[], help="NAME=VALUE for the daemon")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="refmount-soak-") as tmp:
         work = Path(tmp)
         refs, expected = build(work)
-        with RangeServer(work / "root") as server:
+        with RangeServer(work / "root", validators=not args.no_validators) as server:
             text = json.dumps({"version": 1, "templates": {"u": server.url}, "refs": refs})
             (work / "refs.json").write_text(text)
             mountpoint = work / "mnt"
@@ -283,6 +301,9 @@ def soak(
     print(f"daemon: RSS {first['rss_mb']} -> {last['rss_mb']} MB (peak {last['peak_mb']}), "
           f"threads {first['threads']} -> {last['threads']}, fds {first['fds']} -> "
           f"{last['fds']}, alive: {proc.poll() is None}")  # fmt: skip
+    allowed = (parse_size(args.cache_size) + RSS_ALLOWANCE) >> 20  # MiB, as RSS is shown
+    print(f"peak RSS {last['peak_mb']} MB against the cache + 150 MB = {allowed} MB: "
+          f"{'met' if last['peak_mb'] <= allowed else 'MISSED'}")  # fmt: skip
     return 1 if tally.wrong_bytes or tally.wrong_reads or proc.poll() is not None else 0
 
 

@@ -28,6 +28,7 @@ from refmount.fetch import Fetcher
 from refmount.fetch.backend import version_of
 from refmount.fetch.fsspec_backend import version_of_info
 from refmount.options import parse_args
+from refmount.service.serve import disk_queue_bytes
 from tests.support.servers import RangeServer
 
 KEY = EntryKey("https://example.org/a.nc", 'etag:"x"|size:9', 1 << 18, 1 << 18)
@@ -396,6 +397,29 @@ def test_admission_never_waits_a_full_queue_is_refused(tmp_path: Path) -> None:
                     EntryKey("https://example.org/d", "v", i * UNIT, UNIT), i * UNIT, piece, None
                 )
             assert disk.counters["disk_refusals"] == 400 - QUEUE_BYTES // UNIT
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_the_write_queue_is_bounded_by_its_config_and_by_the_memory_budget(
+    tmp_path: Path,
+) -> None:
+    """A 64 MiB memory cache gets an 8 MiB queue (an eighth), a large one the default."""
+    assert disk_queue_bytes(64 << 20) == 8 << 20
+    assert disk_queue_bytes(8 << 30) == QUEUE_BYTES
+
+    async def main() -> None:
+        config = DiskCacheConfig(str(tmp_path / "cache"), queue_bytes=disk_queue_bytes(64 << 20))
+        disk = DiskCache(config)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(disk.run)
+            piece = memoryview(bytes(UNIT))
+            for i in range(100):  # 25 MiB
+                disk.admit(
+                    EntryKey("https://example.org/d", "v", i * UNIT, UNIT), i * UNIT, piece, None
+                )
+            assert disk.counters["disk_refusals"] == 100 - (8 << 20) // UNIT
             nursery.cancel_scope.cancel()
 
     trio.run(main)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from refmount.options import Config
 from refmount.redaction import Scrubber, ScrubbingFormatter
+from refmount.service.malloc import tune_malloc
 
 EXIT_GRACE = 30.0  # seconds a failed background daemon gets to unmount and exit
 
@@ -207,6 +208,7 @@ def serve(
 ) -> int:
     """Load, mount and serve until told to stop.  Returns the exit status."""
     _refuse_pandas()
+    tune_malloc()  # before any thread: see refmount.service.malloc
     # SIGHUP reloads once serving; until then it must not kill the daemon.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from refmount.service.serve import Daemon

@@ -15,9 +15,11 @@ Admission never holds a reader up
     The tier hands fetched bytes to :meth:`DiskCache.admit` and returns them to the
     reader; one writer task adds them to their units' entries behind it (read,
     merge, write a temporary file, rename: one at a time, so that two pieces of one
-    unit fetched together both stay).  At most :data:`QUEUE_BYTES` wait to be
-    written; what comes while the queue is full is not kept (a network faster than
-    the disk: counted in ``disk_refusals``).
+    unit fetched together both stay).  At most ``queue_bytes`` (:data:`QUEUE_BYTES`
+    unless the config says less) wait to be written; what comes while the queue is
+    full is not kept (a network faster than the disk: counted in ``disk_refusals``).
+    Queued pieces are views of fetched parts: a part the memory cache has evicted lives
+    on while its pieces wait, so ``serve`` bounds the queue by the memory budget too.
     When the disk says no (ENOSPC, EDQUOT, EROFS, EACCES) or the index finds no room,
     admission pauses for :data:`PAUSE_SECONDS`, logged once per episode, then tries
     again: readers never see it.
@@ -86,6 +88,8 @@ class DiskCacheConfig:
     #: Keep objects whose store gives no validator (declared never to change).
     immutable: bool = False
     check_interval: float = 60.0
+    #: Bytes waiting to be written, at most.
+    queue_bytes: int = QUEUE_BYTES
 
 
 class DiskCache:
@@ -242,14 +246,14 @@ class DiskCache:
     def admit(self, key: EntryKey, start: int, piece: bytes | memoryview, eof: int | None) -> None:
         """Queue ``piece``, the bytes of ``key``'s unit from ``start`` on, to be added to
         its entry; ``eof``: where the object ends, if the fetch found out.  Never waits:
-        when :data:`QUEUE_BYTES` wait already (the network is faster than the disk), the
+        when ``queue_bytes`` wait already (the network is faster than the disk), the
         piece is refused (counted in ``disk_refusals``) and the reader goes on."""
         if not self._running or not key.cacheable() or not (piece or eof is not None):
             return
         if trio.current_time() < self._paused_until:
             self.counters["disk_refusals"] += 1
             return
-        if self._queued + len(piece) > QUEUE_BYTES and self._queued:
+        if self._queued + len(piece) > self.config.queue_bytes and self._queued:
             self.counters["disk_refusals"] += 1
             return
         self._queued += len(piece)

@@ -291,10 +291,11 @@ def test_readers_queued_behind_a_stalled_host_get_their_answer_in_time(
     assert all(f"(after {retries + 1} attempts)" in str(error) for _, error in answers)
     assert all(error.errno == errno.EIO for _, error in answers)
     assert any("request slot" in str(error) for _, error in answers)
-    # Never more than two requests open at a time.  How many were made in all depends on
-    # when each reader's deadline fell (a slot freed by a timeout may go to a queued
-    # reader before its own deadline), so it is bounded by the attempts only.
-    assert faulty.most_in_flight == 2
+    # Never more than two requests open at a time.  How many were made, and how many
+    # were open together, depends on when each reader's deadline fell (a slot freed by a
+    # timeout may go to a queued reader just before its own deadline, which then never
+    # reaches the store), so the rest is bounded only.
+    assert 1 <= faulty.most_in_flight <= 2
     assert faulty.calls <= readers * (retries + 1)
 
 

@@ -112,6 +112,7 @@ class DecodedRefSet(RefSet):
         self.serial = serial
         self.mtime = raw.mtime
         self._arrays: dict[str, Array | ArrayRefused | None] = {}  # directory -> its array
+        self._logged: set[str] = set()  # arrays whose leaving out was logged
         self._rewritten: dict[int, bytes] = {}  # file id of inline metadata -> its text
         self._created_ids: dict[str, int] = {}  # rank-0 array path -> its made .zattrs
         self._created_paths: dict[int, str] = {}  # and back
@@ -140,7 +141,9 @@ class DecodedRefSet(RefSet):
                 )
             except ArrayRefused as exc:
                 found = exc
-                log.warning("array %r is left out of the decoded view: %s", path or "/", exc)
+                if path not in self._logged:  # once, though strings' measures re-parse
+                    self._logged.add(path)
+                    log.warning("array %r is left out of the decoded view: %s", path or "/", exc)
         self._arrays[path] = found
         return found
 

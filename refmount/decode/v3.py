@@ -52,7 +52,9 @@ _FIXED_TYPES = {
     "float64": "f8",
 }
 #: numpy's time units.
-_TIME_UNITS = frozenset(("Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as"))
+_NUMPY_TIME_UNITS = frozenset(
+    ("Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as")
+)
 _HEX_FLOAT = re.compile(r"0x[0-9a-fA-F]+")
 _BASE64_DOUBLE = re.compile(r"[A-Za-z0-9+/]{11}=")
 
@@ -223,7 +225,7 @@ def _type(data_type: Any, endian: str | None, fixed_strings: bool, vlen: str | N
 def _time(data_type: Any, configuration: dict[str, Any], order: str) -> np.dtype:
     """A datetime or timedelta as numpy's ``M8[<scale><unit>]`` or ``m8[...]``."""
     unit, scale = configuration.get("unit"), configuration.get("scale_factor", 1)
-    if unit not in _TIME_UNITS or not isinstance(scale, int) or not 0 < scale < 1 << 31:
+    if unit not in _NUMPY_TIME_UNITS or not isinstance(scale, int) or not 0 < scale < 1 << 31:
         raise ArrayRefused(f"data type {data_type!r}: not a numpy time unit and scale")
     kind = "M8" if data_type["name"] == "numpy.datetime64" else "m8"
     return np.dtype(f"{order}{kind}[{'' if scale == 1 else scale}{unit}]")

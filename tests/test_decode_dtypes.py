@@ -11,6 +11,7 @@ left out (strings served with ``--decode-strings fixed``, for GDAL and zarr).
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from refmount.decode.dtypes import NAT, served, utf8_fixed
 from refmount.workers import JobFailed, PoolConfig, WorkerPool
 from tests.conftest import Mounted
 from tests.support import reader_runs
+from tests.support.direct import read_once, stats
 from tests.support.mounting import REFMOUNT, child_env
 
 CHUNK = 3
@@ -242,11 +244,11 @@ def test_fixed_width_strings_of_a_kerchunk_set_with_decode_strings_fixed(
     assert sorted(os.listdir(root)) == sorted([".zgroup", ".zmetadata", *NUMERIC, *STRINGS])
     assert json.loads((root / "names" / ".zarray").read_text())["dtype"] == "|S24"
     assert json.loads((root / "codes" / ".zarray").read_text())["dtype"] == "|S3"
-    before = json.loads(os.getxattr(root, "user.refmount.stats"))["worker_jobs"]
+    before = stats(mounted)["worker_jobs"]
     assert (root / "names" / "1").read_bytes() == b"".join(
         s.encode().ljust(24, b"\0") for s in ("Genève", "東京", "")
     )
-    assert json.loads(os.getxattr(root, "user.refmount.stats"))["worker_jobs"] == before + 1
+    assert stats(mounted)["worker_jobs"] == before + 1
     for name, values in STRINGS.items():
         texts = np.array([v.decode() if isinstance(v, bytes) else v for v in values], dtype=object)
         outcome = (
@@ -271,14 +273,14 @@ VLEN_META = {"dtype": "|O", "filters": [{"id": "vlen-utf8"}], "compressor": {"id
              "chunks": [3]}  # fmt: skip
 
 
-def bomb(count: int) -> bytes:
-    """A valid-looking variable-length chunk of ``count`` values whose last one is 200 MiB
-    of zeros: 200 KiB compressed."""
+def bomb(count: int, mib: int = 200) -> bytes:
+    """A valid-looking variable-length chunk of ``count`` values whose last one is ``mib``
+    MiB of zeros: a KiB compressed per MiB."""
     head = struct.pack("<II", count, 1) + b"a" + struct.pack("<I", 0) * (count - 2)
     packer = zlib.compressobj(9)
-    body = packer.compress(head + struct.pack("<I", 200 << 20))
+    body = packer.compress(head + struct.pack("<I", mib << 20))
     zeros = bytes(1 << 20)
-    for _ in range(200):
+    for _ in range(mib):
         body += packer.compress(zeros)
     return body + packer.flush()
 
@@ -349,16 +351,68 @@ def test_string_chunks_are_measured_and_decoded_by_the_workers(
     mounted = mount(path, "--decode", "--decode-strings", "fixed", "--xattrs")
     root = mounted.mountpoint
     assert sorted(os.listdir(root)) == [".zgroup", "good"]
-    stats = json.loads(os.getxattr(root, "user.refmount.stats"))
-    measured = stats["worker_jobs"]
-    assert measured >= 4 and stats["worker_job_errors"] >= 2 and stats["worker_deaths"] == 0
+    # Measured: good's two chunks, noise's first (random bytes: it stops there), bombed's
+    # two (the bomb stops at 64 MiB, the most a measured chunk may decompress to).
+    counters = stats(mounted)
+    assert (counters["worker_jobs"], counters["worker_job_errors"]) == (5, 2)
     assert (root / "good" / "0").read_bytes() == b"ab\0" + "Å".encode() + b"\0xyz"
     assert (root / "good" / "1").read_bytes() == b"q\0\0" + b"\0" * 6
-    stats = json.loads(os.getxattr(root, "user.refmount.stats"))
-    assert stats["worker_jobs"] == measured + 2
+    counters = stats(mounted)
+    assert (counters["worker_jobs"], counters["worker_deaths"]) == (7, 0)
     log = mounted.log()
     assert "string array 'noise' cannot be measured" in log
     assert "string array 'bombed' cannot be measured" in log and "more than" in log
     assert mounted.process.poll() is None
     opened = zarr.open_group(str(root), mode="r", zarr_format=2)
     assert opened["good"][...].tolist() == [b"ab", "Å".encode(), b"xyz", b"q", b"", b""]
+
+
+def test_a_string_chunk_turned_hostile_after_measuring_is_eio(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    """A string chunk that became random bytes or a compression bomb after its array was
+    measured (its raw bytes gone from the 1 MiB cache, pushed out by the 38 chunks
+    measured after it) fails its decoding job: EIO, no worker dies, the daemon lives,
+    the next chunk reads right."""
+    region = 60000  # each chunk padded to this (zlib ignores what follows its stream)
+    good = zlib.compress(vlen_chunk([b"ab", b"c", b"xyz"])).ljust(region, b"\0")
+    data = tmp_path / "strings.bin"
+    data.write_bytes(good * 52)
+    # Keys 0 and 1 in regions 44 and 50: no other key's 256 KiB cache block holds them.
+    regions = {0: 44, 1: 50} | {key: key for key in range(2, 40)}
+    meta = {
+        "zarr_format": 2, "shape": [120], "chunks": [3], "dtype": "|O", "fill_value": None,
+        "order": "C", "filters": [{"id": "vlen-utf8"}], "compressor": {"id": "zlib"},
+    }  # fmt: skip
+    refs: dict[str, object] = {
+        ".zgroup": json.dumps({"zarr_format": 2}),
+        "s/.zarray": json.dumps(meta),
+        "s/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["n"]}),
+    }
+    for key, at in regions.items():
+        refs[f"s/{key}"] = [data.as_uri(), at * region, region]
+    path = tmp_path / "strings.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    args = ("--decode", "--decode-strings", "fixed", "--xattrs", "--cache-size", "1M")
+    mounted = mount(path, *args)
+    root = mounted.mountpoint
+    assert sorted(os.listdir(root)) == [".zgroup", "s"]
+    assert stats(mounted)["worker_jobs"] == 40  # every chunk measured by a worker
+    with data.open("r+b") as f:
+        f.seek(44 * region)
+        f.write(np.random.default_rng(5).bytes(region))
+        f.seek(50 * region)
+        f.write(bomb(3, 50).ljust(region, b"\0"))
+    decoded = b"ab\0c\0\0xyz"
+    for key in ("0", "1"):
+        with pytest.raises(OSError) as failed:
+            read_once(root / "s" / key)
+        assert failed.value.errno == errno.EIO, key
+        assert read_once(root / "s" / "2") == decoded
+    assert mounted.process.poll() is None
+    counters = stats(mounted)
+    assert (counters["worker_jobs"], counters["worker_job_errors"]) == (43, 2)
+    assert counters["worker_deaths"] == 0
+    log = mounted.log()
+    assert "read of 's/1' failed: array 's': a chunk does not decode" in log
+    assert "decodes to more than" in log

@@ -32,9 +32,8 @@ from typing import Any
 import numpy as np
 
 from refmount.decode.codecs import Buffer, DecodeError
+from refmount.decode.strings import MAX_WIDTH
 
-#: The widest fixed-width string served (bytes).
-MAX_STRING_WIDTH = 1 << 20
 CRASHES_NCDUMP = "Debian's ncdump (netCDF-C 4.9.0) dies on a tree holding one"
 FIXED_STRINGS = "--decode-strings fixed serves them"
 #: numpy's time units that CF names, and their CF names.
@@ -96,10 +95,10 @@ def served(stored: np.dtype, *, fixed_strings: bool) -> Served:
         return Served(stored, stored)
     if kind == "U":
         chars = stored.itemsize // 4
-        if 4 * chars > MAX_STRING_WIDTH:
+        if 4 * chars > MAX_WIDTH:
             raise DtypeRefused(
                 f"strings of {chars} characters ({stored.str}): their UTF-8 may take "
-                f"{4 * chars} bytes, over {MAX_STRING_WIDTH}"
+                f"{4 * chars} bytes, over {MAX_WIDTH}"
             )
         return Served(stored, np.dtype(f"|S{4 * chars}"), utf8_chars=chars)
     raise DtypeRefused(f"dtype {stored.str} is not served")

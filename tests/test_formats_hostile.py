@@ -9,7 +9,6 @@ import base64
 import contextlib
 import errno
 import json
-import mmap
 import os
 import random
 import re
@@ -25,6 +24,7 @@ import numpy as np
 import pytest
 
 from tests.format_builders import GRID, field, grib_message, message_values
+from tests.support.direct import read_once, stats
 from tests.support.mounting import Mounted, child_env
 
 pytest.importorskip("eccodes")
@@ -91,24 +91,6 @@ def wait_for(condition: Callable[[], bool], attempts: int = 3000) -> None:
             return
         time.sleep(0.01)
     raise AssertionError("the condition never held")
-
-
-def read_once(path: Path) -> bytes:
-    """The whole file in one read request (O_DIRECT: no page cache, so no read-ahead and
-    no second try, which the kernel makes after a failed page read)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    try:
-        size = os.fstat(fd).st_size
-        buffer = mmap.mmap(-1, max(size, 1) + 4095 & ~4095)  # page-aligned for O_DIRECT
-        with buffer:
-            done = os.preadv(fd, [buffer], 0)
-            return buffer[:done]
-    finally:
-        os.close(fd)
-
-
-def stats(mounted: Mounted) -> dict[str, int]:
-    return json.loads(os.getxattr(mounted.mountpoint, "user.refmount.stats"))
 
 
 @pytest.fixture

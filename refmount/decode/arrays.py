@@ -18,12 +18,13 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from refmount.decode.codecs import Buffer, CodecError, DecodeError, Stage, build_stage
+from refmount.decode.dtypes import DtypeRefused, Served, served, utf8_fixed
 from refmount.decode.jsontext import dump_json, repair_document, repair_fill_value
 from refmount.decode.scalars import as_one_element
 from refmount.decode.stage import record_dtype
@@ -33,8 +34,9 @@ from refmount.decode.strings import MAX_WIDTH, StringDecoder, string_decoder, vl
 MAX_CHUNK_BYTES = 1 << 30
 #: Dimensions an array may have.
 MAX_RANK = 32
-#: dtypes the view serves: booleans, numbers, complex, datetimes, fixed-width strings;
-#: and records of plain fields (:func:`refmount.decode.stage.record_dtype`).
+#: dtypes a ``.zarray`` may name: booleans, numbers, complex, datetimes, fixed-width
+#: strings; and records of plain fields (:func:`refmount.decode.stage.record_dtype`).
+#: What each is served as: :mod:`refmount.decode.dtypes`.
 _DTYPE = re.compile(r"[<>|=](b1|[iu][1248]|f[248]|c(8|16)|[mM]8(\[\d*[a-zA-Z]+\])?|S\d+|U\d+)")
 
 
@@ -61,6 +63,16 @@ class ChunkDecoder:
     error: str | None = None
     #: What :func:`chunk_decoder` builds this from: the parameters of a decode job.
     spec: dict[str, Any] | None = None
+    #: Set: the stored ``<U<n>`` values re-encoded to ``|S<4n>`` UTF-8 (``n``).
+    utf8_chars: int | None = None
+
+    @property
+    def job(self) -> tuple[str, dict[str, Any]] | None:
+        """The worker job that decodes a chunk (``None``: the bytes are stored as they
+        are served, checked here)."""
+        if self.spec is None or not (self.stages or self.utf8_chars):
+            return None
+        return "decode", self.spec
 
     @property
     def max_raw_size(self) -> int:
@@ -82,7 +94,8 @@ class ChunkDecoder:
             data = stage.decode(data, size)
             if len(data) != size:
                 raise DecodeError(f"{stage.codec_id} decoded {len(data)} bytes, not {size}")
-        return self._normalised(data)
+        data = self._normalised(data)
+        return data if self.utf8_chars is None else utf8_fixed(data, self.utf8_chars)
 
     def _normalised(self, data: Buffer) -> bytes:
         """Little-endian, C order."""
@@ -101,6 +114,8 @@ class Array:
     decoder: ChunkDecoder | StringDecoder  # StringDecoder: --decode-strings fixed
     separator: str
     text: bytes  # the rewritten .zarray
+    #: What the served dtype adds to the array's ``.zattrs`` (CF time units).
+    attributes: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rank(self) -> int:
@@ -123,9 +138,10 @@ class Array:
         return self.text
 
 
-def _rewrite(meta: dict[str, Any], dtype: np.dtype) -> bytes:
+def _rewrite(meta: dict[str, Any], serving: Served) -> bytes:
     meta = as_one_element(meta) if meta["shape"] == [] else dict(meta)
-    fill_value = meta.get("fill_value")
+    dtype = serving.dtype
+    fill_value = serving.fill_value(meta.get("fill_value"))
     if dtype.names is not None:
         fill_value = _little_record_fill(fill_value, dtype)
     meta.update(
@@ -175,12 +191,15 @@ def _little_record_fill(value: Any, dtype: np.dtype) -> Any:
     return base64.b64encode(record.tobytes()).decode()
 
 
-def parse_zarray(text: bytes, *, string_width: int | None = None) -> Array:
+def parse_zarray(
+    text: bytes, *, string_width: int | None = None, fixed_strings: bool = False
+) -> Array:
     """A ``.zarray``'s array, or :class:`ArrayRefused` saying why it is left out.  An
     array whose codecs refmount does not decode is not refused: its decoder carries the
     error, so its chunks fail to read (EIO) rather than vanish.  ``string_width``: a
     variable-length string array's longest value, to serve it as ``|S<width>``
-    (:mod:`refmount.decode.strings`); without it such an array is refused."""
+    (:mod:`refmount.decode.strings`); without it such an array is refused.
+    ``fixed_strings``: serve fixed-width string arrays (:mod:`refmount.decode.dtypes`)."""
     try:
         meta = json.loads(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -195,6 +214,10 @@ def parse_zarray(text: bytes, *, string_width: int | None = None) -> Array:
     if string_width is not None and vlen_codecs(meta) is not None:
         return _strings(meta, string_width)
     dtype = _dtype(meta.get("dtype"))
+    try:
+        serving = served(dtype, fixed_strings=fixed_strings)
+    except DtypeRefused as exc:
+        raise ArrayRefused(str(exc)) from None
     size = math.prod(chunks) * dtype.itemsize
     if size > MAX_CHUNK_BYTES:
         raise ArrayRefused(f"a chunk of {chunks} {dtype.str} is {size} bytes, over the bound")
@@ -205,11 +228,11 @@ def parse_zarray(text: bytes, *, string_width: int | None = None) -> Array:
     if separator not in (".", "/"):
         raise ArrayRefused(f"dimension_separator {separator!r} is neither '.' nor '/'")
     try:
-        decoder = _decoder(meta, tuple(chunks), dtype, order, size)
-        rewritten = _rewrite(meta, dtype)
+        decoder = _decoder(meta, tuple(chunks), serving, order)
+        rewritten = _rewrite(meta, serving)
     except RecursionError:
         raise ArrayRefused(".zarray is nested too deep") from None
-    return Array(meta, decoder, separator, rewritten)
+    return Array(meta, decoder, separator, rewritten, serving.attributes)
 
 
 def _strings(meta: dict[str, Any], width: int) -> Array:
@@ -252,32 +275,37 @@ def _dtype(value: Any) -> np.dtype:
 
 
 def _decoder(
-    meta: Mapping[str, Any], chunks: tuple[int, ...], dtype: np.dtype, order: str, size: int
+    meta: Mapping[str, Any], chunks: tuple[int, ...], serving: Served, order: str
 ) -> ChunkDecoder:
     spec = {
         "compressor": meta.get("compressor"),
         "filters": meta.get("filters") or [],
-        "dtype": dtype_json(dtype),
+        "dtype": dtype_json(serving.stored),
         "chunks": list(chunks),
         "order": order,
     }
+    if serving.utf8_chars is not None:
+        spec["utf8_chars"] = serving.utf8_chars
     return chunk_decoder(spec)
 
 
 def chunk_decoder(spec: Mapping[str, Any]) -> ChunkDecoder:
-    """The decoding a spec names (``compressor``, ``filters``, ``dtype``, ``chunks``,
-    ``order``, as checked by :func:`parse_zarray`): how the daemon makes it, and how a
-    worker process makes it again from a decode job's parameters."""
+    """The decoding a spec names (``compressor``, ``filters``, the stored ``dtype``,
+    ``chunks``, ``order``, and ``utf8_chars`` for ``<U<n>`` served as UTF-8, as checked
+    by :func:`parse_zarray`): how the daemon makes it, and how a worker process makes it
+    again from a decode job's parameters."""
     compressor, filters = spec["compressor"], spec["filters"]
     chunks, order = tuple(spec["chunks"]), spec["order"]
-    listed = spec["dtype"]
+    listed, utf8 = spec["dtype"], spec.get("utf8_chars")
     dtype = record_dtype(listed, "dtype") if isinstance(listed, list) else np.dtype(listed)
     size = math.prod(chunks) * dtype.itemsize
     identity = json.dumps(
-        [compressor, filters, dtype_json(dtype), chunks, order], sort_keys=True, default=str
+        [compressor, filters, dtype_json(dtype), chunks, order, utf8], sort_keys=True, default=str
     )
     key = hashlib.sha256(identity.encode()).hexdigest()[:32]
     plain = dict(spec)
+    if utf8 is not None and (dtype.kind != "U" or utf8 != dtype.itemsize // 4):
+        return ChunkDecoder(key, size, chunks, dtype, order, (), (), f"utf8_chars {utf8!r}")
     if not isinstance(filters, list):
         return ChunkDecoder(key, size, chunks, dtype, order, (), (), f"filters {filters!r}")
     configs = [*([compressor] if compressor is not None else []), *reversed(filters)]
@@ -286,7 +314,7 @@ def chunk_decoder(spec: Mapping[str, Any]) -> ChunkDecoder:
         sizes = _stage_sizes(stages, size)
     except CodecError as exc:
         return ChunkDecoder(key, size, chunks, dtype, order, (), (), str(exc))
-    return ChunkDecoder(key, size, chunks, dtype, order, stages, sizes, spec=plain)
+    return ChunkDecoder(key, size, chunks, dtype, order, stages, sizes, spec=plain, utf8_chars=utf8)
 
 
 def _stage_sizes(stages: tuple[Stage, ...], size: int) -> tuple[int | None, ...]:

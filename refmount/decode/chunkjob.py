@@ -1,8 +1,13 @@
-"""The ``decode`` job: one raw chunk to its decoded bytes, run in a worker process
-(:mod:`refmount.workers`) so that the C libraries parsing it cannot take the mount down.
+"""The decoding jobs, run in a worker process (:mod:`refmount.workers`) so that the C
+libraries parsing a reference set's bytes cannot take the mount down:
 
-Its parameters are the decoder's spec (:func:`refmount.decode.arrays.chunk_decoder`):
-the worker builds the same allowlisted stages from it, checking every parameter again.
+- ``decode``: one raw chunk to its decoded bytes.  Its parameters are the decoder's
+  spec (:func:`refmount.decode.arrays.chunk_decoder`): the worker builds the same
+  allowlisted stages from it, checking every parameter again;
+- ``decode-strings``: a variable-length string chunk to fixed-width values
+  (:class:`refmount.decode.strings.StringDecoder`; parameters ``meta`` and ``width``);
+- ``measure-strings``: the longest value of a variable-length string chunk, as 8
+  little-endian bytes (parameters: ``meta``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,17 @@ from functools import lru_cache
 from typing import Any
 
 from refmount.decode.arrays import ChunkDecoder, chunk_decoder
-from refmount.decode.codecs import Buffer, DecodeError
+from refmount.decode.codecs import Buffer, CodecError, DecodeError
+from refmount.decode.strings import (
+    MAX_WIDTH,
+    StringDecoder,
+    checked_vlen_meta,
+    string_decoder,
+    string_measure,
+)
+
+#: The size of a ``measure-strings`` job's output.
+MEASURE_SIZE = 8
 
 #: The decoder libraries a worker loads before its first job, where installed: loading
 #: ecCodes or imagecodecs takes long enough to count against a job's deadline.
@@ -46,3 +61,27 @@ def decode_chunk(params: Mapping[str, Any], payload: memoryview, size: int) -> B
     if decoder.size != size:
         raise DecodeError(f"a decoder of {decoder.size}-byte chunks asked for {size} bytes")
     return decoder.decode(payload)
+
+
+@lru_cache(maxsize=64)
+def _string_decoder(meta_text: str, width: int) -> StringDecoder:
+    if isinstance(width, bool) or not 0 < width <= MAX_WIDTH:
+        raise CodecError(f"strings of width {width!r}")
+    return string_decoder(checked_vlen_meta(json.loads(meta_text)), width)
+
+
+def decode_strings(params: Mapping[str, Any], payload: memoryview, size: int) -> Buffer:
+    width = params.get("width")
+    if not isinstance(width, int):
+        raise CodecError(f"strings of width {width!r}")
+    decoder = _string_decoder(json.dumps(params.get("meta"), sort_keys=True), width)
+    if decoder.size != size:
+        raise DecodeError(f"a decoder of {decoder.size}-byte chunks asked for {size} bytes")
+    return decoder.decode(payload)
+
+
+def measure_strings(params: Mapping[str, Any], payload: memoryview, size: int) -> Buffer:
+    if size != MEASURE_SIZE:
+        raise DecodeError(f"a measure is {MEASURE_SIZE} bytes, not {size}")
+    measure = string_measure(checked_vlen_meta(params.get("meta")))
+    return measure.longest(payload).to_bytes(MEASURE_SIZE, "little")

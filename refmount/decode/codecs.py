@@ -45,7 +45,9 @@ class ChunkDecoding(Protocol):
     :class:`refmount.decode.strings.StringDecoder`,
     :class:`refmount.decode.shards.ShardDecoder`): ``key`` names it (chunks decoded alike
     share a cache entry), ``size`` is the decoded size, ``error`` set when it cannot
-    decode at all, ``max_raw_size`` bounds the raw bytes fetched."""
+    decode at all, ``max_raw_size`` bounds the raw bytes fetched, ``job`` is the worker
+    job (kind, parameters) that decodes a chunk, or ``None`` when :meth:`decode` only
+    checks bytes stored as they are served."""
 
     @property
     def key(self) -> str: ...
@@ -58,6 +60,9 @@ class ChunkDecoding(Protocol):
 
     @property
     def max_raw_size(self) -> int: ...
+
+    @property
+    def job(self) -> tuple[str, dict[str, Any]] | None: ...
 
     def decode(self, raw: Buffer) -> bytes: ...
 

@@ -36,8 +36,10 @@ import trio
 
 from refmount.cache import BlockCache, Part
 from refmount.cache.parts import State
+from refmount.decode.chunkjob import MEASURE_SIZE
 from refmount.decode.codecs import Buffer, ChunkDecoding, DecodeError
 from refmount.decode.shards import ShardDecoder
+from refmount.decode.strings import StringMeasure
 from refmount.decode.view import SCHEME, DecodedRefSet
 from refmount.errors import FetchError
 from refmount.refs.model import Checksum, Ref, RefSet
@@ -79,7 +81,11 @@ class DecodedReads:
     def view(self, raw: RefSet) -> DecodedRefSet:
         """The decoded view of ``raw``, whose chunks this reads."""
         view = DecodedRefSet(
-            raw, next(self._serials), fixed_strings=self.fixed_strings, fetch=self._raw
+            raw,
+            next(self._serials),
+            fixed_strings=self.fixed_strings,
+            fetch=self._raw,
+            longest=self.longest,
         )
         self._views[view.serial] = view
         return view
@@ -160,16 +166,23 @@ class DecodedReads:
                 if inner is None:
                     return decoding.filled()
                 decoding, raw = decoding.inner, inner
-            spec = getattr(decoding, "spec", None)
-            if spec is not None and getattr(decoding, "stages", ()):
-                return await self.runner.submit("decode", spec, raw, decoding.size)
-            # Stored as it is (its size and byte order checked), or variable-length
-            # strings (their decompression bounded, see ``strings``): in threads here.
+            job = decoding.job
+            if job is not None:
+                return await self.runner.submit(*job, raw, decoding.size)
+            # Stored as it is (its size and byte order checked): in threads here.
             if self._limiter is None:
                 self._limiter = trio.CapacityLimiter(max(1, os.cpu_count() or 1))
             return await trio.to_thread.run_sync(decoding.decode, raw, limiter=self._limiter)
         except (JobFailed, DecodeError) as exc:
             raise FetchError(f"array {array or '/'!r}: a chunk does not decode: {exc}") from None
+
+    async def longest(self, measure: StringMeasure, raw: Buffer) -> int:
+        """The longest value of a variable-length string chunk, read by a worker."""
+        try:
+            out = await self.runner.submit("measure-strings", measure.spec, raw, MEASURE_SIZE)
+        except JobFailed as exc:
+            raise DecodeError(str(exc)) from None
+        return int.from_bytes(out, "little")
 
     async def _raw(self, array: str, source: Ref, bound: int) -> bytes | memoryview:
         """A chunk's raw bytes, at most ``bound`` of them."""

@@ -30,8 +30,3 @@ def scalar_attributes(document: Any) -> Any:
     if not isinstance(document, dict):
         return document
     return {**document, DIMENSIONS_ATTRIBUTE: [SCALAR_DIMENSION]}
-
-
-def created_attributes() -> dict[str, Any]:
-    """The ``.zattrs`` of a rank-0 array that has none in the set."""
-    return {DIMENSIONS_ATTRIBUTE: [SCALAR_DIMENSION]}

@@ -119,6 +119,12 @@ class ShardDecoder:
     def max_raw_size(self) -> int:
         return self.layout.count * self.inner.max_raw_size + self.layout.index_size
 
+    @property
+    def job(self) -> tuple[str, dict[str, Any]] | None:
+        """The inner chunk's job: its index is read in the daemon, its bytes decoded
+        by the job (:meth:`refmount.decode.reads.DecodedReads`)."""
+        return self.inner.job
+
     def inner_bytes(self, raw: Buffer) -> memoryview | None:
         """The inner chunk's encoded bytes in the shard ``raw``, its index checked;
         ``None`` when the shard holds no such chunk (it reads as the fill value)."""

@@ -13,6 +13,10 @@ Bounds: a chunk decompresses to at most :data:`MAX_VLEN_CHUNK` bytes while measu
 and once ``n`` is known to at most the most its values can take, ``4 + count * (4 + n)``;
 a value longer than ``n`` (the chunk changed since) or a malformed chunk is a
 :class:`DecodeError`.
+
+Both run in the daemon's worker processes, as the jobs ``decode-strings`` and
+``measure-strings`` (:mod:`refmount.decode.chunkjob`): their parameters are the
+``.zarray`` fields :func:`vlen_codecs` reads (:func:`vlen_meta`), checked again there.
 """
 
 from __future__ import annotations
@@ -85,12 +89,32 @@ def _unpacked(stage: Stage | None, raw: Buffer, bound: int) -> Buffer:
     return stage.at_most(raw, bound)
 
 
+def vlen_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a string array's ``.zarray`` its decoding depends on (a job's
+    parameters)."""
+    return {name: meta.get(name) for name in ("dtype", "filters", "compressor", "chunks")}
+
+
+def checked_vlen_meta(meta: Any) -> dict[str, Any]:
+    """``meta`` (a job's parameters) if it is a string array's, else :class:`CodecError`."""
+    chunks = meta.get("chunks") if isinstance(meta, dict) else None
+    if (
+        not isinstance(chunks, list)
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in chunks)
+        or vlen_codecs(meta) is None
+    ):
+        raise CodecError(f"not the .zarray of a variable-length string array: {meta!r:.200}")
+    return meta
+
+
 @dataclass(frozen=True)
 class StringMeasure:
     """Measuring an array's values: :meth:`longest` of one raw chunk."""
 
     count: int
     stage: Stage | None
+    #: The parameters of a ``measure-strings`` job.
+    spec: dict[str, Any]
 
     def longest(self, raw: Buffer) -> int:
         data = _unpacked(self.stage, raw, MAX_VLEN_CHUNK)
@@ -101,7 +125,9 @@ def string_measure(meta: dict[str, Any]) -> StringMeasure:
     """How to measure the values of a ``.zarray`` :func:`vlen_codecs` accepts."""
     codecs = vlen_codecs(meta)
     assert codecs is not None
-    return StringMeasure(math.prod(meta["chunks"]), _decompressor(codecs[1]))
+    return StringMeasure(
+        math.prod(meta["chunks"]), _decompressor(codecs[1]), {"meta": vlen_meta(meta)}
+    )
 
 
 @dataclass(frozen=True)
@@ -115,6 +141,12 @@ class StringDecoder:
     width: int
     stage: Stage | None
     error: str | None = None
+    #: The parameters of a ``decode-strings`` job.
+    spec: dict[str, Any] | None = None
+
+    @property
+    def job(self) -> tuple[str, dict[str, Any]] | None:
+        return None if self.spec is None else ("decode-strings", self.spec)
 
     @property
     def count(self) -> int:
@@ -151,4 +183,5 @@ def string_decoder(meta: dict[str, Any], width: int) -> StringDecoder:
         stage = _decompressor(codecs[1])
     except CodecError as exc:
         return StringDecoder(key, size, chunks, width, None, str(exc))
-    return StringDecoder(key, size, chunks, width, stage)
+    spec = {"meta": vlen_meta(meta), "width": width}
+    return StringDecoder(key, size, chunks, width, stage, spec=spec)

@@ -2,15 +2,13 @@
 
 A group becomes ``.zgroup`` and ``.zattrs``; an array ``.zarray`` and ``.zattrs``:
 
-- the data type as a v2 dtype every reader of the matrix reads, with the ``bytes``
-  codec's byte order.  Found by running them (Debian's ncdump 4.9.0 dies, SIGSEGV, on
-  any tree holding a ``|b1``, complex, ``|S`` or ``<U`` array, whatever its fill value):
-  ``bool`` as ``|u1`` (0 and 1, the same bytes); ``numpy.datetime64`` and
-  ``numpy.timedelta64`` as ``<i8`` with CF ``units`` (``seconds since 1970-01-01``),
-  NaT the fill value; complex left out; fixed-width strings (``fixed_length_utf32``,
-  ``null_terminated_bytes``) left out unless ``fixed_strings`` (``--decode-strings
-  fixed``), then ``<U<n>`` and ``|S<n>``; variable-length strings and bytes, raw bits
-  and other types are left out;
+- the data type as the v2 dtype of the same bytes, with the ``bytes`` codec's byte
+  order (``bool`` ``|b1``, ``complex64`` ``<c8``, ``numpy.datetime64`` with unit ``s``
+  ``<M8[s]``, ``fixed_length_utf32`` ``<U<n>``, ``null_terminated_bytes`` ``|S<n>``);
+  what the decoded view serves each as (or leaves out) is decided for v2 and v3 sets
+  alike, by :mod:`refmount.decode.dtypes`.  Variable-length strings and bytes are left
+  out unless ``fixed_strings`` (``--decode-strings fixed``); raw bits and other types
+  are left out;
 - the codecs as v2 ``filters`` and ``compressor`` (:mod:`refmount.decode.v3codecs`);
 - the fill value as v2 writes it (``"NaN"``, ``"Infinity"``; v3's hex spelling of a
   float's bits as the number);
@@ -36,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from refmount.decode.arrays import ArrayRefused
+from refmount.decode.dtypes import CRASHES_NCDUMP, NAT
 from refmount.decode.scalars import DIMENSIONS_ATTRIBUTE
 from refmount.decode.shards import ShardLayout, shard_layout
 from refmount.decode.v3codecs import Pipeline, v2_pipeline
@@ -45,21 +44,17 @@ ANONYMOUS_DIMENSION = "_Anonymous_Dim_{size}"
 FILL_VALUE_ATTRIBUTE = "_FillValue"
 
 _FIXED_TYPES = {
-    "bool": "u1",
+    "bool": "b1",
     **{f"int{8 * n}": f"i{n}" for n in (1, 2, 4, 8)},
     **{f"uint{8 * n}": f"u{n}" for n in (1, 2, 4, 8)},
     "float16": "f2",
     "float32": "f4",
     "float64": "f8",
 }
-#: numpy's time units that CF names, and their CF names.
-_TIME_UNITS = {
-    "W": "weeks", "D": "days", "h": "hours", "m": "minutes", "s": "seconds",
-    "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds",
-}  # fmt: skip
-_EPOCH = " since 1970-01-01T00:00:00"
-NAT = -(1 << 63)
-CRASHES_NCDUMP = "Debian's ncdump (netCDF-C 4.9.0) dies on a tree holding one"
+#: numpy's time units.
+_NUMPY_TIME_UNITS = frozenset(
+    ("Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as")
+)
 _HEX_FLOAT = re.compile(r"0x[0-9a-fA-F]+")
 _BASE64_DOUBLE = re.compile(r"[A-Za-z0-9+/]{11}=")
 
@@ -113,17 +108,11 @@ class Array:
     grid: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class _Type:
-    """A v3 data type as served: its v2 dtype, and the attributes that say what it was."""
-
-    dtype: np.dtype
-    attributes: dict[str, Any]
-
-
 def parse_node(text: bytes, *, fixed_strings: bool = False) -> Group | Array:
     """A ``zarr.json``'s node, or :class:`ArrayRefused` saying why it is not presented.
-    ``fixed_strings``: serve fixed-width string arrays (readers other than ncdump 4.9.0)."""
+    ``fixed_strings``: present variable-length string arrays (``--decode-strings
+    fixed``: the view serves them as fixed-width bytes, for readers other than ncdump
+    4.9.0)."""
     try:
         meta = json.loads(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -156,8 +145,7 @@ def _array(meta: dict[str, Any], attributes: dict[str, Any], fixed_strings: bool
     if pipeline.sharding is not None:
         shards, chunks, inner = _inner(pipeline, chunks, rank)
         pipeline = inner
-    served = _type(meta.get("data_type"), pipeline.endian, fixed_strings, pipeline.vlen)
-    dtype = served.dtype
+    dtype = _type(meta.get("data_type"), pipeline.endian, fixed_strings, pipeline.vlen)
     zarray = {
         "zarr_format": 2,
         "shape": shape,
@@ -165,13 +153,12 @@ def _array(meta: dict[str, Any], attributes: dict[str, Any], fixed_strings: bool
         "dtype": dtype.str,
         "compressor": pipeline.compressor,
         "filters": pipeline.filters or None,
-        "fill_value": _fill_value(meta.get("fill_value"), dtype, served.attributes),
+        "fill_value": _fill_value(meta.get("fill_value"), dtype),
         "order": pipeline.order,
     }
     keys = _chunk_keys(meta.get("chunk_key_encoding"), rank)
     if rank:
         zarray["dimension_separator"] = "." if shards else keys.separator
-    attributes = {**served.attributes, **attributes}  # the set's own units stay
     attributes = _array_attributes(meta, attributes, shape, dtype)
     if shards is None:
         return Array(zarray, attributes, keys)
@@ -204,7 +191,8 @@ def _inner(pipeline: Pipeline, shard_shape: Any, rank: int) -> tuple[ShardLayout
     return layout, inner_shape, inner
 
 
-def _type(data_type: Any, endian: str | None, fixed_strings: bool, vlen: str | None) -> _Type:
+def _type(data_type: Any, endian: str | None, fixed_strings: bool, vlen: str | None) -> np.dtype:
+    """The v2 dtype of a v3 data type's bytes (``O`` for variable-length strings)."""
     order = endian or "<"
     if vlen is not None:
         if data_type not in ("string", "bytes", "variable_length_bytes"):
@@ -214,11 +202,11 @@ def _type(data_type: Any, endian: str | None, fixed_strings: bool, vlen: str | N
                 f"variable-length values ({data_type}): {CRASHES_NCDUMP} "
                 "(--decode-strings fixed serves them)"
             )
-        return _Type(np.dtype("O"), {})
+        return np.dtype("O")
     if isinstance(data_type, str) and data_type in _FIXED_TYPES:
-        return _Type(np.dtype(order + _FIXED_TYPES[data_type]), {})
+        return np.dtype(order + _FIXED_TYPES[data_type])
     if data_type in ("complex64", "complex128"):
-        raise ArrayRefused(f"complex values: {CRASHES_NCDUMP}")
+        return np.dtype(order + ("c8" if data_type == "complex64" else "c16"))
     if data_type in ("string", "bytes", "variable_length_bytes"):
         raise ArrayRefused(f"variable-length values ({data_type}) have no fixed-size decoding")
     if isinstance(data_type, dict):
@@ -226,36 +214,29 @@ def _type(data_type: Any, endian: str | None, fixed_strings: bool, vlen: str | N
         if name in ("numpy.datetime64", "numpy.timedelta64"):
             return _time(data_type, configuration, order)
         length = configuration.get("length_bytes")
-        if name in ("fixed_length_utf32", "null_terminated_bytes") and not fixed_strings:
-            raise ArrayRefused(f"fixed-width strings: {CRASHES_NCDUMP} (--decode-strings fixed)")
         if isinstance(length, int) and not isinstance(length, bool) and 0 < length < 1 << 30:
             if name == "fixed_length_utf32" and length % 4 == 0:
-                return _Type(np.dtype(f"{order}U{length // 4}"), {})
+                return np.dtype(f"{order}U{length // 4}")
             if name == "null_terminated_bytes":
-                return _Type(np.dtype(f"|S{length}"), {})
+                return np.dtype(f"|S{length}")
     raise ArrayRefused(f"data type {data_type!r} has no Zarr v2 dtype refmount serves")
 
 
-def _time(data_type: Any, configuration: dict[str, Any], order: str) -> _Type:
-    """A datetime or timedelta as the 64-bit integers it is, with CF ``units``."""
+def _time(data_type: Any, configuration: dict[str, Any], order: str) -> np.dtype:
+    """A datetime or timedelta as numpy's ``M8[<scale><unit>]`` or ``m8[...]``."""
     unit, scale = configuration.get("unit"), configuration.get("scale_factor", 1)
-    if unit not in _TIME_UNITS or scale != 1:
-        raise ArrayRefused(f"data type {data_type!r}: only CF time units, scale_factor 1")
-    since = _EPOCH if data_type["name"] == "numpy.datetime64" else ""
-    attributes = {"units": _TIME_UNITS[unit] + since}
-    if since:
-        attributes["calendar"] = "proleptic_gregorian"
-    return _Type(np.dtype(f"{order}i8"), attributes)
+    if unit not in _NUMPY_TIME_UNITS or not isinstance(scale, int) or not 0 < scale < 1 << 31:
+        raise ArrayRefused(f"data type {data_type!r}: not a numpy time unit and scale")
+    kind = "M8" if data_type["name"] == "numpy.datetime64" else "m8"
+    return np.dtype(f"{order}{kind}[{'' if scale == 1 else scale}{unit}]")
 
 
-def _fill_value(value: Any, dtype: np.dtype, time: dict[str, Any]) -> Any:
+def _fill_value(value: Any, dtype: np.dtype) -> Any:
     """The v3 fill value as a v2 ``.zarray`` writes it."""
     if value is None:
         return None
-    if time and value == "NaT":
+    if dtype.kind in "mM" and value == "NaT":
         return NAT
-    if isinstance(value, bool) and dtype.kind == "u":
-        return int(value)
     if dtype.kind == "f" and isinstance(value, str):
         if value in ("NaN", "Infinity", "-Infinity"):
             return value

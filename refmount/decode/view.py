@@ -39,11 +39,11 @@ import trio
 from refmount.decode.arrays import Array, ArrayRefused, ChunkDecoder, parse_zarray
 from refmount.decode.codecs import ChunkDecoding
 from refmount.decode.jsontext import dump_json, repair_document
-from refmount.decode.scalars import created_attributes, scalar_attributes
+from refmount.decode.scalars import scalar_attributes
 from refmount.decode.shards import ShardDecoder, ShardLayout, shard_decoder
 from refmount.decode.strings import vlen_codecs
 from refmount.decode.v3tree import V3AsV2, presented_as_v2
-from refmount.decode.widths import Fetch, measure_widths
+from refmount.decode.widths import Fetch, Longest, measure_widths
 from refmount.refs.model import Child, Ref, RefSet
 from refmount.tree import GENERATION_SPAN
 
@@ -98,17 +98,21 @@ class DecodedRefSet(RefSet):
         *,
         fixed_strings: bool = False,
         fetch: Fetch | None = None,
+        longest: Longest | None = None,
     ) -> None:
         self.fixed_strings = fixed_strings
         self.raw = presented_as_v2(raw, fixed_strings=fixed_strings)
-        #: With ``fixed_strings``: string arrays' widths (or why not), once measured.
+        #: With ``fixed_strings``: how string arrays are measured (their chunks fetched,
+        #: their values read), and their widths (or why not), once measured.
         self._fetch = fetch
+        self._longest = longest
         self._widths: dict[str, int | str] | None = None
         self._measuring: trio.Lock | None = None
         self._shard_decoders: dict[tuple[str, str, ShardLayout, int], ShardDecoder] = {}
         self.serial = serial
         self.mtime = raw.mtime
         self._arrays: dict[str, Array | ArrayRefused | None] = {}  # directory -> its array
+        self._logged: set[str] = set()  # arrays whose leaving out was logged
         self._rewritten: dict[int, bytes] = {}  # file id of inline metadata -> its text
         self._created_ids: dict[str, int] = {}  # rank-0 array path -> its made .zattrs
         self._created_paths: dict[int, str] = {}  # and back
@@ -132,10 +136,14 @@ class DecodedRefSet(RefSet):
             try:
                 if ref.data is None:
                     raise ArrayRefused("its .zarray is not held inline in the reference set")
-                found = parse_zarray(ref.data, string_width=self._width(path))
+                found = parse_zarray(
+                    ref.data, string_width=self._width(path), fixed_strings=self.fixed_strings
+                )
             except ArrayRefused as exc:
                 found = exc
-                log.warning("array %r is left out of the decoded view: %s", path or "/", exc)
+                if path not in self._logged:  # once, though strings' measures re-parse
+                    self._logged.add(path)
+                    log.warning("array %r is left out of the decoded view: %s", path or "/", exc)
         self._arrays[path] = found
         return found
 
@@ -148,13 +156,18 @@ class DecodedRefSet(RefSet):
     async def measure_strings(self) -> None:
         """With ``fixed_strings``, measure every string array once, before the first
         use of the view (their ``.zarray`` says their width)."""
-        if self._widths is not None or not self.fixed_strings or self._fetch is None:
+        if (
+            self._widths is not None
+            or not self.fixed_strings
+            or self._fetch is None
+            or self._longest is None
+        ):
             return
         if self._measuring is None:
             self._measuring = trio.Lock()
         async with self._measuring:
             if self._widths is None:
-                self._widths = await measure_widths(self.raw, self._fetch)
+                self._widths = await measure_widths(self.raw, self._fetch, self._longest)
                 self._arrays.clear()  # string arrays are presented from now on
                 self._rewritten.clear()
 
@@ -199,21 +212,32 @@ class DecodedRefSet(RefSet):
         found = self.chunk_array(self.raw.key(file_id))
         return (found[0] if found else "?", ref.source, ref.decoder)
 
-    def _scalar(self, path: str) -> bool:
+    def _adds_attributes(self, path: str) -> bool:
+        """Whether the view adds to the ``.zattrs`` of the array at ``path``: a rank-0
+        array's dimension, a served dtype's attributes (CF time units)."""
         array = self.array_at(path)
-        return isinstance(array, Array) and array.scalar
+        return isinstance(array, Array) and (array.scalar or bool(array.attributes))
+
+    def _attributes(self, path: str, document: object) -> object:
+        """The ``.zattrs`` document of ``path`` as the view serves it: the served dtype's
+        attributes under the set's own, a rank-0 array's dimension named."""
+        array = self.array_at(path)
+        if not isinstance(array, Array) or not isinstance(document, dict):
+            return document  # not a JSON object: as it is (readers refuse it alike)
+        document = {**array.attributes, **document}
+        return scalar_attributes(document) if array.scalar else document
 
     def _created_id(self, path: str) -> int | None:
-        """The file id of the ``.zattrs`` the view makes for the array at ``path``: a
-        rank-0 array whose set has no ``.zattrs`` for it."""
+        """The file id of the ``.zattrs`` the view makes for the array at ``path``: an
+        array the view adds attributes to whose set has no ``.zattrs`` for it."""
         found = self._created_ids.get(path)
         if found is not None:
             return found
-        if not self._scalar(path) or self.raw.file_id(_join(path, ATTRIBUTES)) is not None:
+        if not self._adds_attributes(path) or self.raw.file_id(_join(path, ATTRIBUTES)) is not None:
             return None
         if len(self._created_ids) >= CREATED_IDS:
             log.warning(
-                "rank-0 array %r gets no _ARRAY_DIMENSIONS: over %d made .zattrs files",
+                "array %r gets no attributes of its own: over %d made .zattrs files",
                 path or "/",
                 CREATED_IDS,
             )
@@ -245,15 +269,15 @@ class DecodedRefSet(RefSet):
             document = json.loads(text)
             if name == ".zmetadata" and isinstance(document, dict):
                 document = self._consolidated(path, document)
-            elif name == ATTRIBUTES and self._scalar(path):
-                document = scalar_attributes(document)
+            elif name == ATTRIBUTES:
+                document = self._attributes(path, document)
             return dump_json(repair_document(document, key))
         except (ValueError, UnicodeDecodeError, RecursionError):
             return text  # not JSON, or nested too deep: as it is (readers fail on it)
 
     def _consolidated(self, path: str, document: dict) -> dict:
-        """``.zmetadata`` with its ``.zarray`` entries rewritten, rank-0 arrays' attributes
-        naming their dimension (made where missing), left-out arrays gone."""
+        """``.zmetadata`` with its ``.zarray`` entries rewritten, arrays' attributes as
+        :meth:`_attributes` serves them (made where missing), left-out arrays gone."""
         entries = document.get("metadata")
         if not isinstance(entries, dict):
             return document
@@ -266,8 +290,8 @@ class DecodedRefSet(RefSet):
                 array = self.array_at(entry_dir)
                 if isinstance(array, Array):
                     value = json.loads(array.rewritten())
-            elif entry_name == ATTRIBUTES and self._scalar(entry_dir):
-                value = scalar_attributes(value)
+            elif entry_name == ATTRIBUTES:
+                value = self._attributes(entry_dir, value)
             kept[entry_key] = value
         for entry_key in list(kept):
             array_key, _, entry_name = entry_key.rpartition("/")
@@ -275,9 +299,9 @@ class DecodedRefSet(RefSet):
             if (
                 entry_name == ".zarray"
                 and attributes_key not in kept
-                and self._scalar(_join(path, array_key))
+                and self._adds_attributes(_join(path, array_key))
             ):
-                kept[attributes_key] = created_attributes()
+                kept[attributes_key] = self._attributes(_join(path, array_key), {})
         return {**document, "metadata": kept}
 
     # -- the RefSet interface -------------------------------------------------------------
@@ -295,7 +319,7 @@ class DecodedRefSet(RefSet):
 
     def ref(self, file_id: int) -> Ref:
         if file_id in self._created_paths:
-            return Ref(data=dump_json(created_attributes()))
+            return Ref(data=dump_json(self._attributes(self._created_paths[file_id], {})))
         return self._presented(file_id, self.raw.ref(file_id))
 
     async def file_ref(self, file_id: int) -> Ref:

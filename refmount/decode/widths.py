@@ -3,7 +3,8 @@
 
 A walk of the set's directories like ``refmount check --decode``'s (arrays' own
 directories are walked only for the chunks of string arrays), each chunk fetched
-through ``fetch`` (the block cache) and its values read in a worker thread.
+through ``fetch`` (the block cache) and its values read by ``longest`` (a worker
+process's ``measure-strings`` job, :meth:`refmount.decode.reads.DecodedReads.longest`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 
-import trio
-
-from refmount.decode.codecs import CodecError, DecodeError
+from refmount.decode.codecs import Buffer, CodecError, DecodeError
 from refmount.decode.strings import MAX_VLEN_CHUNK, StringMeasure, string_measure, vlen_codecs
 from refmount.decode.v3tree import V3AsV2
 from refmount.errors import FetchError
@@ -23,6 +22,8 @@ from refmount.refs.model import Ref, RefSet
 log = logging.getLogger(__name__)
 
 Fetch = Callable[[str, Ref, int], Awaitable[bytes | memoryview]]
+#: The longest value of one raw chunk (:class:`DecodeError` if it is malformed).
+Longest = Callable[[StringMeasure, Buffer], Awaitable[int]]
 
 
 def _join(path: str, name: str) -> str:
@@ -54,7 +55,7 @@ async def _zarray(raw: RefSet, path: str) -> dict | None:
     return meta if isinstance(meta, dict) else {}
 
 
-async def _longest(raw: RefSet, path: str, meta: dict, fetch: Fetch) -> int:
+async def _longest(raw: RefSet, path: str, meta: dict, fetch: Fetch, longest_of: Longest) -> int:
     """The longest value of the string array at ``path`` (bytes)."""
     measure: StringMeasure = string_measure(meta)
     separator = meta.get("dimension_separator", ".")
@@ -70,11 +71,11 @@ async def _longest(raw: RefSet, path: str, meta: dict, fetch: Fetch) -> int:
                 continue  # .zarray, .zattrs
             ref = await raw.file_ref(file_id)
             data = await fetch(path, ref, MAX_VLEN_CHUNK)
-            longest = max(longest, await trio.to_thread.run_sync(measure.longest, data))
+            longest = max(longest, await longest_of(measure, data))
     return longest
 
 
-async def measure_widths(raw: RefSet, fetch: Fetch) -> dict[str, int | str]:
+async def measure_widths(raw: RefSet, fetch: Fetch, longest: Longest) -> dict[str, int | str]:
     """Each variable-length string array's path: its longest value (at least 1), or why
     it could not be measured."""
     widths: dict[str, int | str] = {}
@@ -87,7 +88,7 @@ async def measure_widths(raw: RefSet, fetch: Fetch) -> dict[str, int | str]:
         if meta is not None:
             if vlen_codecs(meta) is not None:
                 try:
-                    widths[path] = max(1, await _longest(raw, path, meta, fetch))
+                    widths[path] = max(1, await _longest(raw, path, meta, fetch, longest))
                 except (DecodeError, CodecError, FetchError) as exc:
                     widths[path] = str(exc)
                     log.warning("string array %r cannot be measured: %s", path or "/", exc)

@@ -21,6 +21,8 @@ Handler = Callable[[Mapping[str, Any], memoryview, int], Buffer]
 #: Job kind -> ``module:function`` of its handler.
 JOBS: dict[str, str] = {
     "decode": "refmount.decode.chunkjob:decode_chunk",
+    "decode-strings": "refmount.decode.chunkjob:decode_strings",
+    "measure-strings": "refmount.decode.chunkjob:measure_strings",
 }
 
 

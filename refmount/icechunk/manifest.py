@@ -59,8 +59,8 @@ _REF_ETAG, _REF_LAST_MODIFIED, _REF_COMPRESSED_LOCATION = 6, 7, 8
 _LOCATIONS_ZSTD = 1
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-#: bytes of strings compared at a time (the gather's index is 8 bytes per byte)
-_GATHER_BYTES = 1 << 20
+#: bytes of strings compared at a time
+_GATHER_BYTES = 1 << 22
 _HASH_FACTOR = np.uint64(1099511628211)  # FNV's 64-bit prime
 
 
@@ -373,7 +373,12 @@ class _Columns:
         self.size = len(flat.buf)
         flat.claim(4 * count, f"refs of array {node_id}")
         self.tables = self._follow(start + 4 * np.arange(count, dtype=np.int64), "ref")
-        vtables = self.tables - self._gather(self.tables, 4, "ref table", signed=True)
+        # A builder writes each distinct vtable once (refs of the same shape share one):
+        # fields are located per distinct vtable, then spread to the tables using it.
+        vtables, self.which = np.unique(
+            self.tables - self._gather(self.tables, 4, "ref table", signed=True),
+            return_inverse=True,
+        )
         vtable_sizes = self._gather(vtables, 2, "ref vtable")
         if np.any((vtable_sizes < 4) | (vtable_sizes % 2 == 1)):
             raise self._fail("ref vtable size")
@@ -391,14 +396,14 @@ class _Columns:
             raise self._fail(f"{what} outside the buffer")
 
     def _gather(self, pos: np.ndarray, size: int, what: str, signed: bool = False) -> np.ndarray:
-        """Little-endian integers of ``size`` bytes at each of ``pos``."""
-        if pos.size and int(pos.min()) < 0:
-            raise self._fail(f"{what} before the buffer")
-        self._check(pos + size, what)
-        if not np.any(pos % size):  # aligned, as a FlatBuffer builder writes them: one gather
+        """Little-endian integers of ``size`` bytes at each of ``pos``.  (Few temporary
+        arrays: the daemon's allocator maps each large one afresh.)"""
+        if pos.size and (int(pos.min()) < 0 or int(pos.max()) + size > self.size):
+            raise self._fail(f"{what} outside the buffer")
+        if not np.bitwise_and(pos, size - 1).any():  # aligned, as a builder writes them
             kind = f"<{'i' if signed else 'u'}{size}"
             words = np.frombuffer(self.flat.buf, dtype=kind, count=self.size // size)
-            return words[pos // size].astype(np.int64)
+            return words.take(pos >> (size.bit_length() - 1)).astype(np.int64, copy=False)
         value = np.zeros(pos.shape, dtype=np.int64)
         for byte in range(size):
             value |= self.flat.u8[pos + byte].astype(np.int64) << (8 * byte)
@@ -411,10 +416,10 @@ class _Columns:
         return pos + self._gather(pos, 4, what)
 
     def _present(self, slot: int) -> np.ndarray:
-        """The offset of a field within each table (0 where absent)."""
+        """The offset of a field within the tables of each distinct vtable (0: absent)."""
         entry = 4 + 2 * slot
         has_entry = entry + 2 <= self.vtable_sizes
-        offsets = np.zeros(self.tables.shape, dtype=np.int64)
+        offsets = np.zeros(self.vtables.shape, dtype=np.int64)
         offsets[has_entry] = self._gather(self.vtables[has_entry] + entry, 2, "ref vtable")
         return offsets
 
@@ -428,10 +433,15 @@ class _Columns:
 
     def _read_field(self, slot: int, size: int, what: str) -> tuple[np.ndarray, np.ndarray]:
         offsets = self._present(slot)
-        present = offsets != 0
-        if np.any(offsets[present] + size > self.table_sizes[present]):
+        has = offsets != 0
+        if np.any(has & (offsets + size > self.table_sizes)):
             raise self._fail(f"{what} field past its table")
-        positions = self.tables[present] + offsets[present]
+        if has.all():
+            present = np.ones(self.tables.shape, dtype=bool)
+            positions = self.tables + offsets[self.which]
+        else:
+            present = has[self.which]
+            positions = self.tables[present] + offsets[self.which[present]]
         self._check(positions + size, what)
         return present, positions
 
@@ -567,12 +577,14 @@ class _Columns:
                 continue
             length = int(lengths[group[0]])
             step = max(1, _GATHER_BYTES // max(length, 1))
+            # row p: the ``length`` bytes at p (a view; gathering rows copies only them)
+            windows = np.lib.stride_tricks.sliding_window_view(u8, max(length, 1))
             for lo in range(0, group.size, step):
                 rows = group[lo : lo + step]
                 if length == 0:
                     texts, inverse = [b""], np.zeros(rows.size, dtype=np.int64)
                 else:
-                    matrix = u8[positions[rows, None] + np.arange(length)]
+                    matrix = windows[positions[rows]]
                     texts, inverse = _distinct_rows(matrix)
                 local = np.array([seen.setdefault(text, len(seen)) for text in texts])
                 numbers[rows] = local[inverse]

@@ -37,6 +37,7 @@ from refmount.icechunk.manifest import INLINE, NATIVE, ManifestError
 from refmount.icechunk.repository import Node, Repository, history
 from refmount.refs import release_freed_memory
 from refmount.refs.model import Child, Ref, RefSet
+from refmount.service.malloc import bulk_allocations
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,8 @@ class IcechunkRefSet(RefSet):
     def _read_index(self, array: _Array) -> ArrayIndex:
         """The array's index; its failures as FetchError (EIO) naming the array."""
         try:
-            index = self.repository.array_index(array.node, array.keys.grid)
+            with bulk_allocations():  # a hundred temporary arrays of 8 MiB for 1M chunks
+                index = self.repository.array_index(array.node, array.keys.grid)
         except FetchError:
             raise
         except ManifestError as exc:

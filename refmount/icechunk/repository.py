@@ -5,8 +5,8 @@ sessions, ``inspect_snapshot``, ``lookup_branch``) run in the caller's thread; t
 store's asynchronous calls (``zarr.json`` bytes) run on the set's own
 :class:`~refmount.icechunk.loop.LoopThread`.  An array's chunk references are read from
 its manifest files by refmount itself (:mod:`refmount.icechunk.manifest`): with their
-checksums, which icechunk's API does not give, and in a third of the time and memory of
-icechunk's ``array_chunk_iterator`` (bench/README.md).
+checksums, which icechunk's API does not give, and faster than icechunk's
+``array_chunk_iterator`` (bench/README.md).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from refmount.icechunk.manifest import ManifestError, parse_manifest
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'refmount[icechunk]'"
-#: the largest manifest file read for its checksums
+#: the largest manifest file read
 MAX_MANIFEST_BYTES = 1 << 30
 
 

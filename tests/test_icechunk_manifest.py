@@ -422,3 +422,23 @@ def test_every_key_of_the_mounted_index_equals_icechunks_iterator(by_hand) -> No
             assert got == expected, node.path
     finally:
         opened.close()
+
+
+def test_bit_flips_in_compressed_locations_give_a_manifest_error_or_a_manifest(by_hand) -> None:
+    """The same for the manifest whose URLs are zstd-compressed with its dictionary (a
+    sample of its bits: every one would take minutes): a flip in the dictionary or in a
+    compressed URL is a ManifestError naming the manifest, or decodes."""
+    repo_path, repo = by_hand
+    manifest, _ = _array(_manifests(repo_path, repo), "/many")
+    data = (repo_path / "manifests" / manifest.id).read_bytes()
+    body = zstandard.ZstdDecompressor().decompressobj().decompress(data[HEADER_SIZE:])
+    refused = 0
+    for bit in range(0, len(body) * 8, 503):
+        flipped = bytearray(body)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        try:
+            parse_manifest(_recompressed(data, bytes(flipped)), manifest.id)
+        except ManifestError as exc:
+            assert manifest.id in str(exc)
+            refused += 1
+    assert refused > 0

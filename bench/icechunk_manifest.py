@@ -1,4 +1,4 @@
-"""Reading the virtual-chunk checksums of a large Icechunk array from its manifest.
+"""Reading the chunk references of a large Icechunk array from its manifest.
 
     python bench/icechunk_manifest.py [--refs 1000000] [--workdir DIR]
 
@@ -6,7 +6,8 @@ Builds (once, kept in ``--workdir``) an Icechunk repository with one array of ``
 virtual chunks, half with an ETag checksum (one per thousand chunks, as chunks of one
 file share it) and half with a modification time, then measures, each in a fresh
 process: refmount's :func:`~refmount.icechunk.manifest.parse_manifest` of the manifest
-file (coordinates, kinds and checksum columns), and icechunk's own
+file (coordinates, kinds, offsets, lengths, locations and checksums: what a mount
+serves), and icechunk's own
 ``array_chunk_iterator`` over the same array (coordinates, kinds, locations, offsets and
 lengths, no checksums).  Prints seconds and the peak RSS each process added.
 """
@@ -57,7 +58,8 @@ if how == "refmount":
     (manifest,) = Path(path, "manifests").iterdir()
     parsed = parse_manifest(manifest.read_bytes(), manifest.name)
     (array,) = parsed.arrays.values()
-    rows, extra = len(array.coords), f"{len(parsed.checksums)} distinct checksums"
+    rows = len(array.coords)
+    extra = f"{len(parsed.checksums)} distinct checksums, {len(array.targets)} distinct URLs"
 else:
     repo = icechunk.Repository.open(icechunk.local_filesystem_storage(path))
     store = repo.readonly_session("main").store

@@ -225,7 +225,8 @@ def test_corrupt_manifest_fails_its_array_only(copy: Built, mount) -> None:
     with pytest.raises(OSError) as raised:
         os.listdir(m.mountpoint / "native/c/0")
     assert raised.value.errno == errno.EIO
-    assert "native: cannot read its manifest" in m.log()
+    manifest_id = native["manifest_refs"][0]["id"]
+    assert f"native: its manifest is unusable: manifest {manifest_id}: corrupt" in m.log()
     with netCDF4.Dataset(copy.netcdf) as ds:
         ds.set_auto_mask(False)
         np.testing.assert_array_equal(read_mount_array(m.mountpoint, "temp"), ds["temp"][:])

@@ -1,7 +1,8 @@
 """refmount.icechunk.manifest against manifests icechunk 2.3 itself wrote: by hand with
 ``set_virtual_ref`` (ETag and datetime checksums, native and inline chunks, an array of
-more than 1000 refs whose locations icechunk compresses) and through VirtualiZarr; and
-corrupted copies of them, each a :class:`ManifestError` naming the manifest."""
+more than 1000 refs whose locations icechunk compresses) and through VirtualiZarr, every
+reference equal to what icechunk's own iterator gives; and corrupted copies of them,
+each a :class:`ManifestError` naming the manifest."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import zstandard
 
+from refmount.icechunk.location import Location
 from refmount.icechunk.manifest import (
     HEADER_SIZE,
     INLINE,
@@ -25,6 +27,8 @@ from refmount.icechunk.manifest import (
     ManifestError,
     parse_manifest,
 )
+from refmount.icechunk.repository import Repository, Version
+from refmount.icechunk.view import _chunk_keys
 from refmount.refs.model import Checksum
 
 icechunk = pytest.importorskip("icechunk")
@@ -281,7 +285,8 @@ def test_frames_without_a_declared_size_or_several_read_the_same(by_hand) -> Non
 
 def _arrays_sharing_refs(body: bytes, copies: int) -> bytes:
     """The FlatBuffer ``body`` (one array) made hostile: a new root listing ``copies``
-    arrays of distinct node ids that all point at the first array's refs.  The new tables
+    arrays of distinct node ids that all point at the first array's refs (and at the
+    first root's dictionary of compressed locations).  The new tables
     go in front of the old ones (every uoffset points forward); the old bytes move by a
     multiple of 8 and keep their alignment and relative offsets."""
 
@@ -317,6 +322,10 @@ def _arrays_sharing_refs(body: bytes, copies: int) -> bytes:
     arrays_field = new_root + field(root, 1) - root
     struct.pack_into("<I", out, arrays_field, vector - arrays_field)
     struct.pack_into("<I", out, vector, copies)
+    dictionary = field(root, 2)  # the locations' dictionary, when the root has one
+    if dictionary != root:
+        moved = new_root + dictionary - root
+        struct.pack_into("<I", out, moved, dictionary + u32(dictionary) + shift - moved)
     for k in range(copies):
         table = tables + table_room * k
         out[table : table + array_size] = body[array : array + array_size]
@@ -339,3 +348,97 @@ def test_arrays_sharing_one_refs_vector_are_refused_not_reread(by_hand) -> None:
     hostile = _recompressed(data, _arrays_sharing_refs(body, 5000))
     with pytest.raises(ManifestError, match=f"{manifest.id}.*more than the manifest holds"):
         parse_manifest(hostile, manifest.id)
+
+
+def _icechunk_references(repo: icechunk.Repository, path: str) -> list[tuple]:
+    """Every reference of an array as icechunk's own iterator gives it: (coordinates,
+    kind, native chunk id or URL, offset, length, inline bytes)."""
+    store = repo.readonly_session("main").store
+
+    async def collect() -> list[tuple]:
+        rows = []
+        async for coords, kinds, paths, offsets, lengths, inline in store.array_chunk_iterator(
+            path.lstrip("/")
+        ):
+            for i, kind in enumerate(kinds.tolist()):
+                target = paths[i] if kind != INLINE else None
+                rows.append((tuple(coords[i].tolist()), kind, target, int(offsets[i]),
+                             int(lengths[i]), inline.get(i)))  # fmt: skip
+        return rows
+
+    return asyncio.run(collect())
+
+
+def _refmount_references(refs: ArrayRefs) -> list[tuple]:
+    rows = []
+    for i, kind in enumerate(refs.kinds.tolist()):
+        at = int(refs.location[i])
+        target = refs.targets[at].as_py() if kind != INLINE else None
+        data = refs.inline[at] if kind == INLINE else None
+        coords = tuple(refs.coords[i].tolist())
+        rows.append((coords, kind, target, int(refs.offsets[i]), int(refs.lengths[i]), data))
+    return rows
+
+
+def test_every_reference_equals_icechunks_iterator(by_hand) -> None:
+    """Key, kind, chunk id or URL, offset, length and inline bytes of every reference of
+    arrays of virtual (plain and compressed locations), native and inline chunks."""
+    repo_path, repo = by_hand
+    by_path = _manifests(repo_path, repo)
+    kinds_seen: set[int] = set()
+    for path in ("/virt", "/many", "/native", "/big"):
+        _, refs = _array(by_path, path)
+        expected = _icechunk_references(repo, path)
+        got = _refmount_references(refs)
+        assert got == expected, path
+        kinds_seen.update(refs.kinds.tolist())
+    assert kinds_seen == {NATIVE, VIRTUAL, INLINE}
+    _, many = _array(by_path, "/many")
+    assert len(many.targets) == MANY  # each compressed URL decompressed once, all distinct
+
+
+def test_every_key_of_the_mounted_index_equals_icechunks_iterator(by_hand) -> None:
+    """What a mount serves: the index ``Repository.array_index`` builds, named by chunk
+    key, against icechunk's iterator for every array of the repository."""
+    repo_path, repo = by_hand
+    opened = Repository(Location.of(str(repo_path)), {}, Version(), 60)
+    try:
+        nodes, _ = opened.nodes()
+        arrays = [node for node in nodes if node.is_array]
+        assert {node.path for node in arrays} == {"virt", "many", "native", "big"}
+        for node in arrays:
+            keys = _chunk_keys(node, "repo")
+            index = opened.array_index(node, keys.grid)
+            got = {}
+            for row, chunk in enumerate(index.indices.tolist()):
+                kind = int(index.kinds[row])
+                target = index.path(row) if kind != INLINE else index.inline_bytes(row)
+                got[keys.name(chunk)] = (kind, target, int(index.offsets[row]),
+                                         int(index.lengths[row]))  # fmt: skip
+            expected = {}
+            for coords, kind, target, offset, length, data in _icechunk_references(repo, node.path):
+                key = "c/" + "/".join(map(str, coords))
+                expected[key] = (kind, target if kind != INLINE else data, offset, length)
+            assert got == expected, node.path
+    finally:
+        opened.close()
+
+
+def test_bit_flips_in_compressed_locations_give_a_manifest_error_or_a_manifest(by_hand) -> None:
+    """The same for the manifest whose URLs are zstd-compressed with its dictionary (a
+    sample of its bits: every one would take minutes): a flip in the dictionary or in a
+    compressed URL is a ManifestError naming the manifest, or decodes."""
+    repo_path, repo = by_hand
+    manifest, _ = _array(_manifests(repo_path, repo), "/many")
+    data = (repo_path / "manifests" / manifest.id).read_bytes()
+    body = zstandard.ZstdDecompressor().decompressobj().decompress(data[HEADER_SIZE:])
+    refused = 0
+    for bit in range(0, len(body) * 8, 503):
+        flipped = bytearray(body)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        try:
+            parse_manifest(_recompressed(data, bytes(flipped)), manifest.id)
+        except ManifestError as exc:
+            assert manifest.id in str(exc)
+            refused += 1
+    assert refused > 0

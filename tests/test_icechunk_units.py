@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from refmount.errors import FetchError
 from refmount.icechunk.containers import Containers
 from refmount.icechunk.index import ArrayIndex
 from refmount.icechunk.keys import ChunkKeys
-from refmount.icechunk.manifest import INLINE, NATIVE, VIRTUAL, ManifestError
+from refmount.icechunk.manifest import INLINE, NATIVE, VIRTUAL, ArrayRefs, ManifestError
+from refmount.refs.model import Checksum
 
 
 @pytest.mark.parametrize(
@@ -45,47 +47,55 @@ def test_nested_directories() -> None:
     assert keys.directory("c/1/2/3") is None  # a chunk, not a directory
     assert keys.file_range((1,)) is None
     assert keys.file_range((1, 2)) == (20, 24)
-    assert keys.file_names([21, 23], (1, 2)) == ["1", "3"]
+    assert keys.file_names(np.array([21, 23]), (1, 2)) == ["1", "3"]
     flat = ChunkKeys((2, 3), separator=".")
     assert flat.directory("") == () and flat.file_range(()) == (0, 6)
-    assert flat.file_names([0, 5], ()) == ["c.0.0", "c.1.2"]
+    assert flat.file_names(np.array([0, 5]), ()) == ["c.0.0", "c.1.2"]
 
 
-def batch(coords: list[list[int]], kinds: list[int], paths: list[str], inline: dict) -> tuple:
+def refs(coords: list[list[int]], kinds: list[int], location: list[int], targets: list[str],
+         inline: list[bytes], checksums: list[int] | None = None) -> ArrayRefs:  # fmt: skip
+    """One manifest's references of an array, as the manifest reader gives them."""
     n = len(kinds)
-    return (
-        np.array(coords, np.uint32).reshape(n, -1),
-        np.array(kinds, np.uint8),
-        paths,
-        np.arange(n, dtype=np.uint64) * 10,
-        np.full(n, 7, np.uint64),
-        inline,
+    return ArrayRefs(
+        node_id="N",
+        coords=np.array(coords, np.uint32).reshape(n, -1),
+        kinds=np.array(kinds, np.uint8),
+        checksums=np.array(checksums or [-1] * n, np.int32),
+        offsets=np.arange(n, dtype=np.uint64) * 10,
+        lengths=np.full(n, 7, np.uint64),
+        location=np.array(location, np.int32),
+        targets=pa.array(targets, pa.string()),
+        inline=inline,
     )
 
 
-def test_index_sorted_compact_and_joinable() -> None:
-    first = batch([[1, 1], [0, 0]], [VIRTUAL, INLINE], ["file:///d/a.nc", ""], {1: b"inline"})
-    second = batch([[0, 2], [1, 0]], [NATIVE, VIRTUAL], ["CHUNKID", "file:///d/a.nc"], {})
-    index = ArrayIndex.build([first, second], (2, 3), node_id="N", manifest_ids=("M",))
+def test_index_sorted_compact_and_joined_across_manifests() -> None:
+    etag, date = Checksum(etag="e"), Checksum(last_modified=5)
+    first = refs([[1, 1], [0, 0]], [VIRTUAL, INLINE], [0, 0], ["file:///d/a.nc"], [b"inline"],
+                 [0, -1])  # fmt: skip
+    second = refs([[0, 2], [1, 0], [5, 5]], [NATIVE, VIRTUAL, VIRTUAL], [0, 1, 1],
+                  ["CHUNKID", "file:///d/a.nc"], [], [-1, 0, -1])  # fmt: skip
+    extents = ((0, 2), (0, 3))  # the second manifest's: chunk [5, 5] is not the array's
+    index = ArrayIndex.from_manifests([(first, [etag], ()), (second, [date], extents)], (2, 3))
     assert index.indices.tolist() == [0, 2, 3, 4]
     assert index.kinds.tolist() == [INLINE, NATIVE, VIRTUAL, VIRTUAL]
+    assert index.offsets.tolist() == [10, 0, 10, 0]
     assert index.inline_bytes(0) == b"inline"
     assert index.path(1) == "CHUNKID"
     assert index.path(2) == index.path(3) == "file:///d/a.nc"
-    assert len(index.paths) == 4  # each distinct path once per batch
+    assert len(index.paths) == 3  # each manifest's distinct targets once
+    assert [index.checksum_of(row) for row in range(4)] == [None, None, date, etag]
     assert index.row(1) is None and index.row(4) == 3
-    assert index.present(1, 4).tolist() == [2, 3]
-    assert index.rows_of(np.array([[1, 1], [0, 1], [0, 0]])).tolist() == [3, -1, 0]
-    assert (index.node_id, index.manifest_ids) == ("N", ("M",))
+    assert [c.tolist() for c in index.present(1, 4)] == [[2, 3], [7, 7]]
 
 
 def test_index_refuses_what_cannot_be() -> None:
     with pytest.raises(ManifestError, match="outside the grid"):
-        ArrayIndex.build([batch([[2, 0]], [NATIVE], ["X"], {})], (2, 3))
+        ArrayIndex.from_manifests([(refs([[2, 0]], [NATIVE], [0], ["X"], []), [], ())], (2, 3))
+    twice = refs([[0, 0], [0, 0]], [NATIVE, NATIVE], [0, 1], ["X", "Y"], [])
     with pytest.raises(ManifestError, match="twice"):
-        ArrayIndex.build([batch([[0, 0], [0, 0]], [NATIVE, NATIVE], ["X", "Y"], {})], (2, 3))
-    with pytest.raises(ManifestError, match="kind"):
-        ArrayIndex.build([batch([[0, 0]], [9], ["X"], {})], (2, 3))
+        ArrayIndex.from_manifests([(twice, [], ())], (2, 3))
 
 
 def test_containers() -> None:

@@ -4,7 +4,8 @@ set whose chunks are read by refmount's own fetcher and cache.
 Layers: ``location`` (recognising a repository, its icechunk storage), ``loop`` (the
 one asyncio loop icechunk's calls need), ``repository`` (what icechunk is asked),
 ``keys`` (chunk keys by encoding), ``index`` (one array's references, compact),
-``manifest`` (the checksums of virtual chunks, read from the manifest files),
+``manifest`` (an array's chunk references and their checksums, read from the manifest
+files by refmount itself),
 ``containers`` (which virtual URLs a mount may read) and ``view`` (the reference set).
 The ``icechunk`` package is imported only when a repository is opened.
 """

@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 
 class ChunkKeys:
     """The chunk keys of one array, relative to the array's directory."""
@@ -106,13 +108,13 @@ class ChunkKeys:
         start = sum(c * s for c, s in zip(fixed, self._strides, strict=False))
         return start, start + self.grid[-1]
 
-    def file_names(self, indices: list[int], fixed: tuple[int, ...]) -> list[str]:
-        """The names, within their directory, of chunk files ``indices``."""
+    def file_names(self, indices: np.ndarray, fixed: tuple[int, ...]) -> list[str]:
+        """The names, within their directory, of chunk files ``indices`` (int64)."""
         if self.nested:
             start = self.file_range(fixed)
             assert start is not None
-            return [str(i - start[0]) for i in indices]
-        return [self.name(i) for i in indices]
+            return list(map(str, (indices - start[0]).tolist()))
+        return [self.name(i) for i in indices.tolist()]
 
 
 def _numbers(parts: list[str]) -> list[int] | None:

@@ -2,8 +2,11 @@
 
 Everything icechunk is asked goes through here.  Plain calls (``Repository.open``,
 sessions, ``inspect_snapshot``, ``lookup_branch``) run in the caller's thread; the
-store's asynchronous calls (``zarr.json`` bytes, ``array_chunk_iterator``) run on the
-set's own :class:`~refmount.icechunk.loop.LoopThread`.
+store's asynchronous calls (``zarr.json`` bytes) run on the set's own
+:class:`~refmount.icechunk.loop.LoopThread`.  An array's chunk references are read from
+its manifest files by refmount itself (:mod:`refmount.icechunk.manifest`): with their
+checksums, which icechunk's API does not give, and faster than icechunk's
+``array_chunk_iterator`` (bench/README.md).
 """
 
 from __future__ import annotations
@@ -18,10 +21,9 @@ from datetime import datetime
 from typing import Any
 
 import fsspec.core
-import numpy as np
 
 from refmount.errors import RefsError
-from refmount.icechunk.index import ArrayIndex, IndexBuilder
+from refmount.icechunk.index import ArrayIndex, Part
 from refmount.icechunk.location import Location, storage
 from refmount.icechunk.loop import LoopThread
 from refmount.icechunk.manifest import ManifestError, parse_manifest
@@ -29,9 +31,7 @@ from refmount.icechunk.manifest import ManifestError, parse_manifest
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'refmount[icechunk]'"
-#: references asked of icechunk per batch while an array is enumerated
-BATCH = 20_000
-#: the largest manifest file read for its checksums
+#: the largest manifest file read
 MAX_MANIFEST_BYTES = 1 << 30
 
 
@@ -64,13 +64,15 @@ class Version:
 
 @dataclass
 class Node:
-    """A group or array of the snapshot: ``path`` without the leading slash."""
+    """A group or array of the snapshot: ``path`` without the leading slash; an array's
+    manifests with the extents of its chunks each holds (``[start, stop)`` per
+    dimension)."""
 
     path: str
     node_id: str
     is_array: bool
     metadata: bytes
-    manifest_ids: tuple[str, ...] = ()
+    manifests: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = ()
     document: dict[str, Any] = field(default_factory=dict)
 
 
@@ -133,7 +135,10 @@ class Repository:
         nodes = []
         for node in info["nodes"]:
             path = node["path"].strip("/")
-            manifests = tuple(ref["id"] for ref in node.get("manifest_refs") or ())
+            manifests = tuple(
+                (ref["id"], tuple((int(lo), int(hi)) for lo, hi in ref.get("extents") or ()))
+                for ref in node.get("manifest_refs") or ()
+            )
             is_array = node["node_type"] == "array"
             nodes.append(Node(path, node["id"], is_array, b"", manifests))
         keys = [f"{node.path}/zarr.json" if node.path else "zarr.json" for node in nodes]
@@ -155,27 +160,16 @@ class Repository:
         return nodes, mtime
 
     def array_index(self, node: Node, grid: tuple[int, ...]) -> ArrayIndex:
-        """Every chunk reference of one array (its manifests read by icechunk)."""
-
-        builder = IndexBuilder(grid)
-
-        async def collect() -> None:
-            async for batch in self._store.array_chunk_iterator(node.path, batch_size=BATCH):
-                builder.add(batch)
-
-        self._loop.run(collect, self.timeout, f"{node.path}: reading its manifest")
-        return builder.finish(node_id=node.node_id, manifest_ids=node.manifest_ids)
-
-    def with_checksums(self, node: Node, index: ArrayIndex) -> ArrayIndex:
-        """``index`` with the checksums of its virtual chunks, read from the manifest
-        files themselves (icechunk's API does not give them)."""
-        parts = []
-        for manifest_id in node.manifest_ids:
-            manifest = parse_manifest(self._manifest_bytes(manifest_id), manifest_id)
+        """Every chunk reference of one array, with the checksums of its virtual chunks,
+        read from its manifest files (ManifestError when one is unusable)."""
+        parts: list[Part] = []
+        for manifest_id, extents in node.manifests:
+            data = self._manifest_bytes(manifest_id)
+            manifest = parse_manifest(data, manifest_id, node_ids={node.node_id})
             refs = manifest.arrays.get(node.node_id)
             if refs is not None:
-                parts.append((refs.coords.astype(np.int64), refs.checksums, manifest.checksums))
-        return index.with_checksums(parts)
+                parts.append((refs, manifest.checksums, extents))
+        return ArrayIndex.from_manifests(parts, grid)
 
     def _manifest_bytes(self, manifest_id: str) -> bytes:
         """The file ``manifests/<id>``, as stored (at most the size the snapshot gives)."""

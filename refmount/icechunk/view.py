@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -37,6 +37,7 @@ from refmount.icechunk.manifest import INLINE, NATIVE, ManifestError
 from refmount.icechunk.repository import Node, Repository, history
 from refmount.refs import release_freed_memory
 from refmount.refs.model import Child, Ref, RefSet
+from refmount.service.malloc import bulk_allocations
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class IcechunkRefSet(RefSet):
         self._bases = [array.base for array in self._arrays.values()]
         self._by_base = list(self._arrays.values())
         self._dirs = self._directories(nodes)
-        self._last_row: tuple[_Array | None, int] = (None, -1)  # see file_size
+        self._listed: dict[int, int] = {}  # see file_size
 
     @classmethod
     def open(cls, repository: Repository, containers: Containers) -> IcechunkRefSet:
@@ -135,44 +136,30 @@ class IcechunkRefSet(RefSet):
         return None
 
     async def ensure(self, path: str, after: int = -1) -> None:
-        """Read the chunk references of the array ``path`` lies in, when the path names
-        one of its chunks or lists them, and when it names a chunk the checksums of the
-        array's virtual chunks too (a listing needs only sizes).  FetchError (EIO) when
-        they cannot be read."""
+        """Read the chunk references of the array ``path`` lies in (with the checksums of
+        its virtual chunks), when the path names one of its chunks or lists them.
+        FetchError (EIO) when they cannot be read."""
         found = self._array_of(path)
         if found is None:
             return
         array, relative = found
-        if relative == "zarr.json" or not array.keys.count:
-            return
-        is_chunk = array.keys.parse(relative) is not None
-        if array.index is not None and not (is_chunk and array.index.needs_checksums):
+        if array.index is not None or relative == "zarr.json" or not array.keys.count:
             return
         fixed = array.keys.directory(relative)
         lists_files = fixed is not None and array.keys.file_range(fixed) is not None
-        if not lists_files and not is_chunk:
+        if not lists_files and array.keys.parse(relative) is None:
             return
         if array.lock is None:
             array.lock = trio.Lock()
         async with array.lock:
             if array.index is None:
                 array.index = await trio.to_thread.run_sync(self._read_index, array)
-            if is_chunk and array.index.needs_checksums:
-                array.index = await trio.to_thread.run_sync(self._read_checksums, array)
 
     def _read_index(self, array: _Array) -> ArrayIndex:
-        return self._reading(
-            array, lambda: self.repository.array_index(array.node, array.keys.grid)
-        )
-
-    def _read_checksums(self, array: _Array) -> ArrayIndex:
-        index = self._held(array)
-        return self._reading(array, lambda: self.repository.with_checksums(array.node, index))
-
-    def _reading(self, array: _Array, read: Callable[[], ArrayIndex]) -> ArrayIndex:
-        """``read()``, its failures as FetchError (EIO) naming the array."""
+        """The array's index; its failures as FetchError (EIO) naming the array."""
         try:
-            index = read()
+            with bulk_allocations():  # a hundred temporary arrays of 8 MiB for 1M chunks
+                index = self.repository.array_index(array.node, array.keys.grid)
         except FetchError:
             raise
         except ManifestError as exc:
@@ -184,11 +171,8 @@ class IcechunkRefSet(RefSet):
                 f"{message[0] if message else type(exc).__name__}"
             ) from None
         release_freed_memory()  # the reading's peak must not stay resident
-        if index.checksum is not None:
-            log.info("%s: checksums of its virtual chunks read", array.node.path)
-        else:
-            kinds = ", ".join(f"{n} {k}" for k, n in index.kind_counts().items() if n)
-            log.info("%s: %d chunk references (%s)", array.node.path, len(index), kinds)
+        kinds = ", ".join(f"{n} {k}" for k, n in index.kind_counts().items() if n)
+        log.info("%s: %d chunk references (%s)", array.node.path, len(index), kinds)
         return index
 
     def _held(self, array: _Array) -> ArrayIndex:
@@ -238,8 +222,6 @@ class IcechunkRefSet(RefSet):
             return Ref(data=chunks.inline_bytes(row))
         offset, length = int(chunks.offsets[row]), int(chunks.lengths[row])
         key = f"{array.node.path}/{array.keys.name(index)}"
-        if kind != NATIVE and chunks.needs_checksums:  # never a virtual Ref without them
-            raise NotLoaded(f"{key}: the checksums of its array are not loaded")
         if length > MAX_CHUNK_BYTES or offset > (1 << 62):
             raise FetchError(
                 f"{key}: the manifest claims {length} bytes at offset {offset}, over the "
@@ -255,21 +237,17 @@ class IcechunkRefSet(RefSet):
         )
 
     def file_size(self, file_id: int) -> int | None:
-        """Asked for every entry of a listing, in order: the last array and row found
-        answer the next without a search."""
+        """Asked for every entry of a listing, just after :meth:`children` gave it: the
+        sizes of the window of chunks it lists last answer without a search."""
+        size = self._listed.get(file_id)
+        if size is not None:
+            return size
         if file_id < len(self._meta_keys):
             return len(self._meta_bytes[file_id])
-        last, hint = self._last_row
-        if last is not None and last.base <= file_id < last.base + last.keys.count:
-            array = last
-        else:
-            array, hint = self._chunk_of(file_id)[0], -1
+        array, index = self._chunk_of(file_id)
         chunks = self._held(array)
-        row = chunks.row(file_id - array.base, hint)
-        if row is None:
-            return None
-        self._last_row = (array, row)
-        return chunks.size(row)
+        row = chunks.row(index)
+        return None if row is None else chunks.size(row)
 
     # --- directories -----------------------------------------------------------------
 
@@ -315,10 +293,11 @@ class IcechunkRefSet(RefSet):
         new_child = tuple.__new__  # Child(...) without its Python-level __new__: per entry
         while first < stop:
             end = min(stop, first + window)
-            present = chunks.present(first, end)
-            names = keys.file_names(present.tolist(), fixed)
+            present, sizes = chunks.present(first, end)
+            names = keys.file_names(present, fixed)
             ids = (present + array.base).tolist()
             cursors = (present + (shift - start)).tolist()
+            self._listed = dict(zip(ids, sizes.tolist(), strict=True))
             yield from map(new_child, repeat(Child), zip(names, ids, cursors, strict=True))
             first, window = end, min(window * 2, _MAX_WINDOW)
 

@@ -1,0 +1,44 @@
+"""refmount.service.malloc.bulk_allocations: under the daemon's fixed mmap threshold a
+large temporary array is mapped afresh every time (a page fault per 4 KiB); within the
+block the heap serves it again, and after it the threshold is back.  Counted in a fresh
+process (mallopt is process-wide): minor page faults of the second of two arrays."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from refmount.service.malloc import is_glibc
+
+SCRIPT = """
+import json, resource
+import numpy as np
+from refmount.service.malloc import bulk_allocations, tune_malloc
+
+def second_faults():
+    np.ones(1 << 20).sum()  # 8 MiB, freed
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    np.ones(1 << 20).sum()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+assert tune_malloc()
+fixed = second_faults()
+with bulk_allocations():
+    second_faults()  # the heap grows once
+    bulk = second_faults()
+print(json.dumps([fixed, bulk, second_faults()]))
+"""
+
+
+@pytest.mark.skipif(not is_glibc(), reason="glibc's mallopt")
+def test_bulk_allocations_reuse_the_heap_then_restore_the_threshold() -> None:
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    fixed, bulk, after = json.loads(done.stdout)
+    # (the kernel maps a few pages per fault: 8 MiB cost ~500 faults on the CI machine)
+    assert fixed >= 64, (fixed, bulk, after)  # mapped afresh: faulted in again
+    assert bulk <= fixed // 8, (fixed, bulk, after)  # the heap's pages, reused
+    assert after >= fixed // 2, (fixed, bulk, after)  # the fixed threshold is back

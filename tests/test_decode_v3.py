@@ -26,9 +26,9 @@ import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
 from refmount.decode import ArrayRefused, DecodedRefSet, DecodeError, parse_zarray
-from refmount.decode.v3 import Array, parse_node
-from refmount.decode.v3codecs import v2_pipeline
-from refmount.decode.v3tree import V3AsV2
+from refmount.decode.v3.codecs import v2_pipeline
+from refmount.decode.v3.metadata import Array, parse_node
+from refmount.decode.v3.tree import V3AsV2
 from refmount.refs import open_refset
 from tests.conftest import Mounted
 from tests.support.mounting import REFMOUNT, child_env

@@ -1,4 +1,4 @@
-"""refmount.service.malloc.bulk_allocations: under the daemon's fixed mmap threshold a
+"""refmount.malloc.bulk_allocations: under the daemon's fixed mmap threshold a
 large temporary array is mapped afresh every time (a page fault per 4 KiB); within the
 block the heap serves it again, and after it the threshold is back.  Counted in a fresh
 process (mallopt is process-wide): minor page faults of the second of two arrays."""
@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from refmount.service.malloc import is_glibc
+from refmount.malloc import is_glibc
 
 SCRIPT = """
 import json, resource
 import numpy as np
-from refmount.service.malloc import bulk_allocations, tune_malloc
+from refmount.malloc import bulk_allocations, tune_malloc
 
 def second_faults():
     np.ones(1 << 20).sum()  # 8 MiB, freed

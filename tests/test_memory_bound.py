@@ -5,7 +5,7 @@ chunks are; 560 MiB in all) through a mount with a 64 MiB cache, so that parts a
 fetched on many threads and evicted all the time.  The daemon's resident memory
 is read from ``/proc`` after the mount is serving and at its peak during the reads: it may
 grow by the cache and a bounded allowance, not by what the C allocator keeps of freed
-parts (see :mod:`refmount.service.malloc`).  Every byte read is checked.
+parts (see :mod:`refmount.malloc`).  Every byte read is checked.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from refmount.decode import fits, grib, tiff
+from refmount.decode.formats import fits, grib, tiff
 from refmount.decode.stage import (
     Buffer,
     CodecError,
@@ -43,7 +43,7 @@ from refmount.decode.stage import (
 class ChunkDecoding(Protocol):
     """What reads use of a chunk's decoding (:class:`refmount.decode.arrays.ChunkDecoder`,
     :class:`refmount.decode.strings.StringDecoder`,
-    :class:`refmount.decode.shards.ShardDecoder`): ``key`` names it (chunks decoded alike
+    :class:`refmount.decode.v3.shards.ShardDecoder`): ``key`` names it (chunks decoded alike
     share a cache entry), ``size`` is the decoded size, ``error`` set when it cannot
     decode at all, ``max_raw_size`` bounds the raw bytes fetched, ``job`` is the worker
     job (kind, parameters) that decodes a chunk, or ``None`` when :meth:`decode` only

@@ -38,8 +38,8 @@ from refmount.cache import BlockCache, Part
 from refmount.cache.parts import State
 from refmount.decode.chunkjob import MEASURE_SIZE
 from refmount.decode.codecs import Buffer, ChunkDecoding, DecodeError
-from refmount.decode.shards import ShardDecoder
 from refmount.decode.strings import StringMeasure
+from refmount.decode.v3.shards import ShardDecoder
 from refmount.decode.view import SCHEME, DecodedRefSet
 from refmount.errors import FetchError
 from refmount.refs.model import Checksum, Ref, RefSet

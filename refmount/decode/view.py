@@ -24,7 +24,7 @@ that is not Zarr v2 or not held inline, chunk bytes over the bound) is left out 
 its directory, metadata and chunks are not in the view, and ``.zmetadata`` does not
 list it.  Each such array is logged once.  An array whose codecs refmount does not
 decode stays, and its chunks read as EIO.  A Zarr v3 tree is first presented as the v2
-tree of the same data (:mod:`refmount.decode.v3tree`), its refusals left out alike.
+tree of the same data (:mod:`refmount.decode.v3.tree`), its refusals left out alike.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from refmount.decode.arrays import Array, ArrayRefused, ChunkDecoder, parse_zarr
 from refmount.decode.codecs import ChunkDecoding
 from refmount.decode.jsontext import dump_json, repair_document
 from refmount.decode.scalars import scalar_attributes
-from refmount.decode.shards import ShardDecoder, ShardLayout, shard_decoder
 from refmount.decode.strings import vlen_codecs
-from refmount.decode.v3tree import V3AsV2, presented_as_v2
+from refmount.decode.v3.shards import ShardDecoder, ShardLayout, shard_decoder
+from refmount.decode.v3.tree import V3AsV2, presented_as_v2
 from refmount.decode.widths import Fetch, Longest, measure_widths
 from refmount.refs.model import Child, Ref, RefSet
 from refmount.tree import GENERATION_SPAN

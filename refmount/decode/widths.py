@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from refmount.decode.codecs import Buffer, CodecError, DecodeError
 from refmount.decode.strings import MAX_VLEN_CHUNK, StringMeasure, string_measure, vlen_codecs
-from refmount.decode.v3tree import V3AsV2
+from refmount.decode.v3.tree import V3AsV2
 from refmount.errors import FetchError
 from refmount.refs.model import Ref, RefSet
 

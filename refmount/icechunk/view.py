@@ -35,9 +35,9 @@ from refmount.icechunk.keys import ChunkKeys
 from refmount.icechunk.location import Location
 from refmount.icechunk.manifest import INLINE, NATIVE, ManifestError
 from refmount.icechunk.repository import Node, Repository, history
+from refmount.malloc import bulk_allocations
 from refmount.refs import release_freed_memory
 from refmount.refs.model import Child, Ref, RefSet
-from refmount.service.malloc import bulk_allocations
 
 log = logging.getLogger(__name__)
 

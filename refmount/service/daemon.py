@@ -25,9 +25,9 @@ import sys
 import time
 from collections.abc import Callable
 
+from refmount.malloc import tune_malloc
 from refmount.options import Config
 from refmount.redaction import Scrubber, ScrubbingFormatter
-from refmount.service.malloc import tune_malloc
 
 EXIT_GRACE = 30.0  # seconds a failed background daemon gets to unmount and exit
 
@@ -208,7 +208,7 @@ def serve(
 ) -> int:
     """Load, mount and serve until told to stop.  Returns the exit status."""
     _refuse_pandas()
-    tune_malloc()  # before any thread: see refmount.service.malloc
+    tune_malloc()  # before any thread: see refmount.malloc
     # SIGHUP reloads once serving; until then it must not kill the daemon.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from refmount.service.serve import Daemon

@@ -6,15 +6,15 @@ repository) becomes a v2 set the decoded view (:class:`refmount.decode.view.Deco
 then serves like any kerchunk set:
 
 - a group's ``zarr.json`` is its ``.zgroup`` and ``.zattrs``, an array's its ``.zarray``
-  and ``.zattrs`` (:mod:`refmount.decode.v3`); the root group gets a consolidated
+  and ``.zattrs`` (:mod:`refmount.decode.v3.metadata`); the root group gets a consolidated
   ``.zmetadata``; ``zarr.json`` files themselves are not in the tree;
 - a chunk keeps its reference and file id under its v2 name: ``c/1/2`` (the default
   encoding) is ``1/2`` with ``dimension_separator`` ``/`` (so a chunk directory of the
   v3 tree is one of the v2 tree: no index of chunk keys is built), ``c.1.2`` is ``1.2``,
   the ``v2`` encoding's keys are already v2 names, and a rank-0 array's ``c`` is ``0``;
 - a sharded array's chunks are its inner chunks ``i.j``, each with a file id of its own
-  and its shard's reference (:mod:`refmount.decode.v3inner`); the decoded view decodes
-  each from its shard (:mod:`refmount.decode.shards`).
+  and its shard's reference (:mod:`refmount.decode.v3.inner`); the decoded view decodes
+  each from its shard (:mod:`refmount.decode.v3.shards`).
 
 The made metadata files (``.zattrs``, ``.zmetadata``) have file ids at the top of a
 tree's ids, below the decoded view's own made files
@@ -31,9 +31,9 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 
 from refmount.decode.arrays import ArrayRefused
-from refmount.decode.shards import ShardLayout
-from refmount.decode.v3 import Array, Group, parse_node
-from refmount.decode.v3inner import InnerChunks
+from refmount.decode.v3.inner import InnerChunks
+from refmount.decode.v3.metadata import Array, Group, parse_node
+from refmount.decode.v3.shards import ShardLayout
 from refmount.refs.model import Child, Ref, RefSet
 from refmount.tree import GENERATION_SPAN
 

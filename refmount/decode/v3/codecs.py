@@ -13,7 +13,7 @@ the array stays in the view and its chunks read as EIO naming the codec, as for 
 What cannot be said in v2 terms at all is :class:`ArrayRefused` (the array is left out):
 a ``transpose`` that is neither C nor F order, array-to-array codecs over big-endian
 bytes or beside a ``transpose``, codecs around ``sharding_indexed`` (whose own inner
-codecs are translated alike: :mod:`refmount.decode.shards`).  Variable-length values
+codecs are translated alike: :mod:`refmount.decode.v3.shards`).  Variable-length values
 (``vlen-utf8``, ``vlen-bytes``) are the v2 filter of the same id, dtype ``|O``.
 """
 

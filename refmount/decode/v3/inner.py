@@ -1,5 +1,5 @@
 """The inner chunks of sharded Zarr v3 arrays as files of the v2 tree
-(:mod:`refmount.decode.v3tree`, :mod:`refmount.decode.shards`).
+(:mod:`refmount.decode.v3.tree`, :mod:`refmount.decode.v3.shards`).
 
 An inner chunk ``i.j`` is a file of its own in the v2 tree, whose reference is its
 shard's: its file id is made here (from :data:`INNER_IDS_BASE`, below the tree's made
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 
-from refmount.decode.shards import ShardLayout
-from refmount.decode.v3 import Array
+from refmount.decode.v3.metadata import Array
+from refmount.decode.v3.shards import ShardLayout
 from refmount.refs.model import RefSet
 from refmount.tree import GENERATION_SPAN
 

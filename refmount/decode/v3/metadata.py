@@ -9,7 +9,7 @@ A group becomes ``.zgroup`` and ``.zattrs``; an array ``.zarray`` and ``.zattrs`
   alike, by :mod:`refmount.decode.dtypes`.  Variable-length strings and bytes are left
   out unless ``fixed_strings`` (``--decode-strings fixed``); raw bits and other types
   are left out;
-- the codecs as v2 ``filters`` and ``compressor`` (:mod:`refmount.decode.v3codecs`);
+- the codecs as v2 ``filters`` and ``compressor`` (:mod:`refmount.decode.v3.codecs`);
 - the fill value as v2 writes it (``"NaN"``, ``"Infinity"``; v3's hex spelling of a
   float's bits as the number);
 - ``_ARRAY_DIMENSIONS`` from ``dimension_names``; a dimension without a name gets
@@ -36,8 +36,8 @@ import numpy as np
 from refmount.decode.arrays import ArrayRefused
 from refmount.decode.dtypes import CRASHES_NCDUMP, NAT
 from refmount.decode.scalars import DIMENSIONS_ATTRIBUTE
-from refmount.decode.shards import ShardLayout, shard_layout
-from refmount.decode.v3codecs import Pipeline, v2_pipeline
+from refmount.decode.v3.codecs import Pipeline, v2_pipeline
+from refmount.decode.v3.shards import ShardLayout, shard_layout
 
 #: netCDF-C's name for a dimension a pure Zarr array does not name.
 ANONYMOUS_DIMENSION = "_Anonymous_Dim_{size}"

@@ -111,8 +111,8 @@ class Operations(pyfuse3.Operations):
 
     ``tree`` may be replaced while mounted (a reload): each request reads it once at its
     start and works on that tree to its end.  For the reload, it counts the file inodes
-    the kernel holds (lookups and listed entries, less what it forgets) and remembers the
-    names the kernel caches as missing."""
+    the kernel holds (lookups and READDIRPLUS entries, less what it forgets) and
+    remembers the names the kernel caches as missing."""
 
     #: With refmount's pyfuse3 patch, the kernel lists with plain READDIR unless the
     #: entries are being stat'ed (``find`` creates no kernel inode per entry).
@@ -229,6 +229,10 @@ class Operations(pyfuse3.Operations):
         attr.st_nlink = 1
         reply = pyfuse3.readdir_reply
         known = self.known
+        # Only a READDIRPLUS entry takes a lookup count in the kernel, a plain READDIR
+        # entry none.  Without ``plus`` (a stock pyfuse3 lists with READDIRPLUS only; an
+        # older patch does not say) every entry counts: too many only widens a reload.
+        counted = getattr(token, "plus", True)
         entries = await tree.listing(fh, after=start_id - 1)
         uncached = False  # attr holds timeouts of 0
         for name, inode, size, cursor in entries:
@@ -252,7 +256,8 @@ class Operations(pyfuse3.Operations):
             attr.st_blocks = (size + 511) // 512
             if not reply(token, encoded, attr, cursor + 1):
                 return
-            known[inode] = known.get(inode, 0) + 1  # readdirplus: as after a lookup
+            if counted:
+                known[inode] = known.get(inode, 0) + 1
             if uncached:
                 attr.entry_timeout = attr.attr_timeout = CACHE_SECONDS
                 uncached = False

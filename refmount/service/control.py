@@ -106,6 +106,8 @@ class MountState:
     version: Callable[[], dict[str, Any] | None] = lambda: None
     #: when ``--reload-interval`` last asked the source whether it changed
     last_check: float | None = None
+    #: how many file inodes the kernel holds (looked up, less what it forgot)
+    kernel_files: Callable[[], int] = lambda: 0
 
     def record_reload(self, *, ok: bool, message: str = "") -> None:
         """Note a reload: when, whether it took, and what it said (why it failed, or
@@ -126,6 +128,7 @@ class MountState:
             "last_reload": self.last_reload,
             "keys": self.keys(),
             "reads_in_flight": self.reads.count,
+            "kernel_files": self.kernel_files(),
             "fetch": self.fetch.as_dict(),
             "cache": self.cache.stats(),
             **({"catalog": self.catalog()} if self.catalog is not None else {}),

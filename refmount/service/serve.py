@@ -388,6 +388,7 @@ def _serve_state(operations: Operations, state: MountState, config: Config) -> C
     if timer is not None:
         timer.install(operations)
     operations.read = state.reads.counting(operations.read)  # type: ignore[method-assign]
+    state.kernel_files = lambda: len(operations.known)
     return ControlServer(socket_path(state.mountpoint, os.geteuid()), state)
 
 

@@ -153,6 +153,7 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
         ("last reload", last_reload),
         ("daemon", f"pid {status.get('pid')}, refmount {status.get('refmount')}"),
         ("reads in flight", f"{status.get('reads_in_flight', 0):,}"),
+        ("files the kernel holds", f"{status.get('kernel_files', 0):,}"),
         ("requests", f"{fetch.get('requests', 0):,}"),
         ("bytes fetched", _size(fetch.get("bytes_fetched", 0))),
         ("cache hits", f"{cache.get('hits', 0):,}"),

@@ -32,7 +32,14 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from readers import CHILD_TIMEOUT, cpu_seconds, last_line, refmount, run_child  # noqa: E402
+from readers import (  # noqa: E402
+    CHILD_TIMEOUT,
+    cpu_seconds,
+    last_line,
+    refmount,
+    run_child,
+    table,
+)
 
 from tests.support.nginx import NginxServer  # noqa: E402
 
@@ -188,26 +195,6 @@ def ncdump_values(cdl: Path) -> np.ndarray:
     text = cdl.read_text()
     body = text[text.index(" t2m =", text.index("\ndata:")) + len(" t2m =") :]
     return np.array(body[: body.index(";")].split(","), dtype=np.float64)
-
-
-def table(rows: list[tuple[str, dict]], mib: float) -> str:
-    gb = mib * 2**20 / 1e9
-    lines = [
-        "| reader | cold s | warm s | cold MiB/s | warm MiB/s "
-        "| daemon+workers CPU s/GB cold | warm |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, result in rows:
-        if "times" not in result or "error" in result:
-            lines.append(f"| {name} | {result.get('error', '?')} | | | | | |")
-            continue
-        cold, warm = result["times"]
-        cpu = [f"{c / gb:.1f}" for c in result["cpu"]] if "cpu" in result else ["", ""]
-        lines.append(
-            f"| {name} | {cold:.2f} | {warm:.2f} | {mib / cold:.1f} | {mib / warm:.1f} "
-            f"| {cpu[0]} | {cpu[1]} |"
-        )
-    return "\n".join(lines)
 
 
 def main() -> None:

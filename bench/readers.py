@@ -406,7 +406,8 @@ def measure(work: Path, size: int, delay: float) -> list[tuple[str, dict]]:
 def table(rows: list[tuple[str, dict]], mib: float) -> str:
     gb = mib * 2**20 / 1e9
     lines = [
-        "| reader | cold s | warm s | cold MiB/s | warm MiB/s | daemon CPU s/GB cold | warm |",
+        "| reader | cold s | warm s | cold MiB/s | warm MiB/s "
+        "| daemon+workers CPU s/GB cold | warm |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, result in rows:

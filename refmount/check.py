@@ -115,18 +115,9 @@ class CheckOptions:
 
 def _open(options: CheckOptions, progress: Any) -> RefSet:
     if options.icechunk:
-        from refmount.icechunk import open_repository
+        from refmount.icechunk import open_configured
 
-        return open_repository(
-            options.refs,
-            options=options.refs_options,
-            branch=options.branch,
-            tag=options.tag,
-            snapshot=options.snapshot,
-            containers=options.containers,
-            allow_local=options.allow_local,
-            timeout=options.timeout,
-        )
+        return open_configured(options)
     return open_refset(
         options.refs,
         storage_options=options.refs_options,

@@ -13,12 +13,39 @@ The ``icechunk`` package is imported only when a repository is opened.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from refmount.icechunk.location import Location, is_repository
 from refmount.refs.source import within_deadline
 
-__all__ = ["history", "is_repository", "open_repository", "signature"]
+__all__ = ["history", "is_repository", "open_configured", "open_repository", "signature"]
+
+
+class RepositoryOptions(Protocol):
+    """The options a mount and ``refmount check`` open a repository with."""
+
+    refs: str
+    refs_options: Mapping[str, Any]
+    branch: str | None
+    tag: str | None
+    snapshot: str | None
+    containers: Sequence[str] | None
+    allow_local: bool
+    timeout: float
+
+
+def open_configured(options: RepositoryOptions) -> Any:
+    """:func:`open_repository` with a mount's or a check's options."""
+    return open_repository(
+        options.refs,
+        options=options.refs_options,
+        branch=options.branch,
+        tag=options.tag,
+        snapshot=options.snapshot,
+        containers=options.containers,
+        allow_local=options.allow_local,
+        timeout=options.timeout,
+    )
 
 
 def open_repository(

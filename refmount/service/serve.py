@@ -28,7 +28,7 @@ from refmount.catalog.catalog import Catalog
 from refmount.catalog.serving import open_catalog
 from refmount.fetch import Fetcher, FetchPolicy
 from refmount.fuse_ops import Operations
-from refmount.icechunk import is_repository, open_repository
+from refmount.icechunk import is_repository, open_configured
 from refmount.options import Config
 from refmount.redaction import Scrubber, display_url, shown
 from refmount.refs import RefSet, open_refset
@@ -318,16 +318,7 @@ def disk_queue_bytes(cache_size: int) -> int:
 def load_refset(config: Config, progress: Callable[[str, int, int], None] | None = None) -> RefSet:
     """Read REFS with the configured options and bounds (raises RefsError)."""
     if config.icechunk:
-        return open_repository(
-            config.refs,
-            options=config.refs_options,
-            branch=config.branch,
-            tag=config.tag,
-            snapshot=config.snapshot,
-            containers=config.containers,
-            allow_local=config.allow_local,
-            timeout=config.timeout,
-        )
+        return open_configured(config)
     options: dict[str, Any] = {}
     if config.max_refs_size is not None:
         options["max_refs_bytes"] = config.max_refs_size

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from virtualizarr.parsers import HDFParser, NetCDF3Parser
 
 from refmount.decode.scalars import SCALAR_DIMENSION
 from tests.support import reader_runs
-from tests.support.mounting import REFMOUNT, Mounted, child_env
+from tests.support.mounting import Mounted
 from tests.support.reader_datasets import Dataset, fill_values, stored_values, write_datasets
 from tests.support.reader_runs import EQUAL, Outcome
 
@@ -315,17 +314,7 @@ def test_check_names_what_decode_leaves_out(refset: RefSet, view: str, mounted: 
         return
     dataset = refset.name.split("-")[1]
     assert missing == DECODE_LEFT_OUT.get(dataset, set())
-    done = subprocess.run(
-        [*REFMOUNT, "check", "--decode", str(refset.path)],
-        capture_output=True, text=True, timeout=120, env=child_env(),
-    )  # fmt: skip
-    named = {
-        line.split(":")[1].strip()
-        for line in done.stdout.splitlines()
-        if line.strip().startswith("decode:") and ": left out:" in line
-    }
-    assert named == missing, done.stdout
-    assert done.returncode == (1 if missing else 0), done.stdout
+    reader_runs.assert_check_names(refset.path, missing)
 
 
 @pytest.mark.parametrize("refset", CF_SETS, indirect=True)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ import numpy as np
 import pytest
 
 from tests.support import reader_runs
-from tests.support.mounting import REFMOUNT, Mounted, child_env
+from tests.support.mounting import Mounted
 from tests.support.reader_datasets import fill_values, stored_values, write_datasets
 from tests.support.reader_runs import EQUAL, Outcome
 from tests.support.v3_sets import fill_values as v3_fill_values
@@ -150,14 +149,4 @@ def test_zarr3(v3set: V3Set, mounted: Path) -> None:
 def test_check_names_what_decode_leaves_out(v3set: V3Set, mounted: Path) -> None:
     missing = set(v3set.expected) - set(os.listdir(mounted))
     assert missing == LEFT_OUT.get(v3set.name, set())
-    done = subprocess.run(
-        [*REFMOUNT, "check", "--decode", str(v3set.path)],
-        capture_output=True, text=True, timeout=120, env=child_env(),
-    )  # fmt: skip
-    named = {
-        line.split(":")[1].strip()
-        for line in done.stdout.splitlines()
-        if line.strip().startswith("decode:") and ": left out:" in line
-    }
-    assert named == missing, done.stdout
-    assert done.returncode == (1 if missing else 0), done.stdout
+    reader_runs.assert_check_names(v3set.path, missing)

@@ -25,6 +25,8 @@ import numpy as np
 import xarray as xr
 import zarr
 
+from tests.support.mounting import REFMOUNT, child_env
+
 TIMEOUT = 120
 
 
@@ -194,3 +196,19 @@ def xarray_stored(mnt: Path, name: str, expected: np.ndarray) -> Outcome:
                 return compare(ds[name].values, expected)
     except Exception as e:  # what xarray raises is the outcome
         return Outcome("refused", f"{type(e).__name__}: {e}")
+
+
+def assert_check_names(path: Path, missing: set[str]) -> None:
+    """``refmount check --decode`` of the set at ``path`` names exactly the variables in
+    ``missing`` as left out, and exits 1 when there are any."""
+    done = subprocess.run(
+        [*REFMOUNT, "check", "--decode", str(path)],
+        capture_output=True, text=True, timeout=120, env=child_env(),
+    )  # fmt: skip
+    named = {
+        line.split(":")[1].strip()
+        for line in done.stdout.splitlines()
+        if line.strip().startswith("decode:") and ": left out:" in line
+    }
+    assert named == missing, done.stdout
+    assert done.returncode == (1 if missing else 0), done.stdout

@@ -108,6 +108,19 @@ def write_native(store: Any, version: int) -> None:
     group["native"][:] = native_values(version)
 
 
+def virtual_and_native(store: Any, vds: Any) -> zarr.Group:
+    """The first commit's common part: the virtual dataset, and the native zstd array
+    at version 1; the root group, for more."""
+    vds.vz.to_icechunk(store)
+    group = zarr.open_group(store)
+    group.create_array(
+        "native", shape=NATIVE_SHAPE, chunks=NATIVE_CHUNKS, dtype="i4",
+        compressors=zarr.codecs.ZstdCodec(), fill_value=0, dimension_names=("row", "column"),
+    )  # fmt: skip
+    group["native"][:] = native_values(1)
+    return group
+
+
 def build_repository(directory: Path) -> Built:
     data = directory / "data"
     data.mkdir(parents=True)
@@ -119,13 +132,7 @@ def build_repository(directory: Path) -> Built:
     registry = ObjectStoreRegistry({"file://": LocalStore()})
     vds = open_virtual_dataset(netcdf.as_uri(), registry=registry, parser=HDFParser())
     session = repo.writable_session("main")
-    vds.vz.to_icechunk(session.store)
-    group = zarr.open_group(session.store)
-    group.create_array(
-        "native", shape=NATIVE_SHAPE, chunks=NATIVE_CHUNKS, dtype="i4",
-        compressors=zarr.codecs.ZstdCodec(), fill_value=0, dimension_names=("row", "column"),
-    )  # fmt: skip
-    group["native"][:] = native_values(1)
+    group = virtual_and_native(session.store, vds)
     sparse = group.create_array(
         "sparse", shape=(10, 10), chunks=(5, 5), dtype="f8", fill_value=-1,
         dimension_names=("a", "b"),
@@ -207,13 +214,7 @@ def build_s3_repository(endpoint: str, bucket: str, netcdf: Path) -> str:
     registry = ObjectStoreRegistry({f"s3://{bucket}": store})
     vds = open_virtual_dataset(f"{prefix}a.nc", registry=registry, parser=HDFParser())
     session = repo.writable_session("main")
-    vds.vz.to_icechunk(session.store)
-    group = zarr.open_group(session.store)
-    group.create_array(
-        "native", shape=NATIVE_SHAPE, chunks=NATIVE_CHUNKS, dtype="i4",
-        compressors=zarr.codecs.ZstdCodec(), fill_value=0, dimension_names=("row", "column"),
-    )  # fmt: skip
-    group["native"][:] = native_values(1)
+    virtual_and_native(session.store, vds)
     session.commit("first")
     return f"s3://{bucket}/repo"
 

@@ -336,10 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--fetch-backend",
-        choices=("auto", "fsspec"),
+        choices=("auto", "obstore", "fsspec"),
         default=Config.fetch_backend,
-        help="what reads remote byte ranges: auto (obstore for http(s), s3, gs and az "
-        "when their options translate, fsspec otherwise) or fsspec (always)",
+        help="what reads remote byte ranges: auto (refmount's own HTTP client for "
+        "http://, obstore for https, s3, gs and az when their options translate, fsspec "
+        "otherwise), obstore (obstore for http:// too) or fsspec (always)",
     )
     g.add_argument(
         "--retries",

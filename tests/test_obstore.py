@@ -28,6 +28,7 @@ import trio
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher, FetchPolicy
 from refmount.fetch.fsspec_backend import FsspecBackend
+from refmount.fetch.http import HttpBackend
 from refmount.fetch.obstore_backend import ObstoreBackend, make_backend
 from refmount.fetch.obstore_options import Untranslatable, translate
 from tests.conftest import Mounted
@@ -139,6 +140,8 @@ def test_untranslatable_options_keep_the_protocol_on_fsspec(
 
 
 def test_backend_choice(s3_server: MotoServer) -> None:
+    assert isinstance(make_backend("http", {}), HttpBackend)
+    assert isinstance(make_backend("http", {}, "obstore"), ObstoreBackend)
     assert isinstance(make_backend("https", {}), ObstoreBackend)
     assert isinstance(make_backend("s3", s3_server.storage_options), ObstoreBackend)
     assert isinstance(make_backend("https", {}, "fsspec"), FsspecBackend)

@@ -48,6 +48,7 @@ from refmount.errors import FetchError
 from refmount.fetch import checksums
 from refmount.fetch.backend import Backend, Version, sized, version_of
 from refmount.fetch.fsspec_backend import FsspecBackend, on_fsspec_loop
+from refmount.fetch.http import HttpBackend
 from refmount.fetch.obstore_options import (
     AZURE_PROTOCOLS,
     HTTP_PROTOCOLS,
@@ -62,7 +63,6 @@ from refmount.refs.model import Checksum
 
 log = logging.getLogger(__name__)
 
-BACKEND_CHOICES = ("auto", "fsspec")
 #: obstore's runtime threads let go of a request's Python objects just after it ends; an
 #: interpreter that finalizes in that instant aborts (seen with obstore 0.12, with plain
 #: asyncio too; 50 ms after the last request it never did in 30 tries).
@@ -95,24 +95,32 @@ def make_backend(
     deadline: float | None = None,
     threads: int = READ_THREADS,
 ) -> Backend:
-    """The backend for a remote protocol: obstore where ``choice`` is ``auto``, the
-    protocol is one obstore serves, obstore is installed and every option translates;
-    fsspec otherwise (with one log line saying why, when obstore was possible).
+    """The backend for a remote protocol.
+
+    ``auto``: plain ``http://`` ranges through refmount's own client
+    (:mod:`refmount.fetch.http`), which hands what it does not do itself to the backend
+    ``obstore`` would choose; ``obstore``: obstore where the protocol is one it serves,
+    it is installed and every option translates, fsspec otherwise (with one log line
+    saying why, when obstore was possible); ``fsspec``: fsspec always.
     ``deadline`` is the fetcher's deadline per attempt (None: none, obstore's default
     timeout stays), ``threads`` the worker threads obstore may read in at once."""
     fsspec_backend = FsspecBackend(protocol, options)
     if choice == "fsspec" or protocol not in OBSTORE_PROTOCOLS:
-        return fsspec_backend
-    if importlib.util.find_spec("obstore") is None:
-        log.info("%s: byte ranges through fsspec: obstore is not installed", protocol)
         return fsspec_backend
     try:
         config = translate(protocol, options)
     except Untranslatable as exc:
         log.info("%s: byte ranges through fsspec: obstore has no equivalent for %s", protocol, exc)
         return fsspec_backend
-    timeout = None if deadline is None else deadline + TIMEOUT_MARGIN
-    return ObstoreBackend(protocol, config, fsspec_backend, timeout, threads)
+    backend: Backend = fsspec_backend
+    if importlib.util.find_spec("obstore") is None:
+        log.info("%s: byte ranges through fsspec: obstore is not installed", protocol)
+    else:
+        timeout = None if deadline is None else deadline + TIMEOUT_MARGIN
+        backend = ObstoreBackend(protocol, config, fsspec_backend, timeout, threads)
+    if choice == "auto" and protocol == "http":
+        return HttpBackend(config.client_options["default_headers"], backend)
+    return backend
 
 
 class ObstoreBackend:

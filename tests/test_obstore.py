@@ -550,7 +550,7 @@ def cat(path: Path) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(["cat", str(path)], capture_output=True, timeout=60)
 
 
-@pytest.mark.parametrize("backend", ["auto", "fsspec"])
+@pytest.mark.parametrize("backend", ["auto", "obstore", "fsspec"])
 def test_cat_through_a_mount(
     mount: Callable[..., Mounted],
     http: RangeServer,
@@ -568,13 +568,13 @@ def test_cat_through_a_mount(
         assert result.stdout == data, key
     gone = cat(m.mountpoint / "h" / "gone")
     assert gone.returncode != 0
-    if backend == "auto":  # the fsspec path's errno for a 404 is the fetcher's to decide
+    if backend != "fsspec":  # the fsspec path's errno for a 404 is the fetcher's to decide
         assert b"Input/output error" in gone.stderr
     assert cat(m.mountpoint / "s" / "range").stdout == expected["s/range"]  # still serving
     log = m.log()
-    through_obstore = [
-        f"{http.url}: byte ranges through obstore",
-        f"s3://{bucket}: byte ranges through obstore",
-    ]
-    for line in through_obstore:
-        assert (line in log) == (backend == "auto"), line
+    s3_line = f"s3://{bucket}: byte ranges through obstore"
+    assert (s3_line in log) == (backend != "fsspec")
+    own_line = f"{http.url}: byte ranges through refmount's HTTP client"
+    assert (own_line in log) == (backend == "auto")
+    if backend == "obstore":
+        assert f"{http.url}: byte ranges through obstore" in log

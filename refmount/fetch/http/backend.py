@@ -125,12 +125,16 @@ class HttpBackend:
         self.fallback = fallback
         self.pool = ConnectionPool(max_idle)
         self._redirected: dict[str, None] = {}
+        self._hosts_seen: set[tuple[str, int]] = set()
 
     async def read(self, url: str, start: int, end: int, checksum: Checksum | None = None) -> bytes:
         target = _target(url)
         if target is None or url in self._redirected:
             return await self.fallback.read(url, start, end, checksum)
         request = request_head(target, start, end, self.headers, checksum)
+        if (target.host, target.port) not in self._hosts_seen:
+            self._hosts_seen.add((target.host, target.port))
+            log.info("http://%s:%d: byte ranges through refmount's HTTP client", *target[:2])
         connection = await self.pool.take(target.host, target.port)
         try:
             try:

@@ -332,12 +332,16 @@ def test_requests_carry_the_users_headers_and_never_compression(
     reader.close()
 
 
-def test_a_header_that_would_end_its_line_is_refused() -> None:
+@pytest.mark.parametrize(
+    ("header", "why"),
+    [({"X-Token": "a\r\nHost: elsewhere"}, "not a header line"), ({"X-Name": "\u2603"}, "Latin-1")],
+)
+def test_a_header_that_cannot_be_sent_as_given_is_refused(header: dict[str, str], why: str) -> None:
     reader = Fetcher(
-        remote_options={"http": {"headers": {"X-Token": "a\r\nHost: elsewhere"}}},
+        remote_options={"http": {"headers": header}},
         policy=FetchPolicy(timeout=3.0, retries=0),
     )
-    with pytest.raises(FetchError, match="not a header line"):
+    with pytest.raises(FetchError, match=why):
         trio.run(reader.fetch, f"http://{HOST}:9/x.bin", 0, 10)
     reader.close()
 

@@ -38,6 +38,8 @@ from functools import lru_cache
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
+import trio
+
 from refmount.errors import FetchError
 from refmount.fetch import checksums
 from refmount.fetch.backend import Backend, Version, WrongAnswer
@@ -140,7 +142,7 @@ class HttpBackend:
             try:
                 await connection.send(request)
                 head = await connection.read_head()
-            except (ConnectionLost, ConnectionResetError, BrokenPipeError) as exc:
+            except (ConnectionLost, OSError, trio.BrokenResourceError) as exc:
                 # A server may close an idle connection just as it is used again: then
                 # nothing was answered, and the request goes once more on a new one.
                 if not connection.reused or getattr(exc, "answered", False):
@@ -250,6 +252,8 @@ def _checked_headers(headers: Mapping[str, str]) -> dict[str, str]:
     for name, value in headers.items():
         if not name or any(c in name for c in ":\r\n \t") or "\r" in value or "\n" in value:
             raise ValueError(f"HTTP header {name[:40]!r}: not a header line")
+        if any(ord(c) > 255 for c in name + value):
+            raise ValueError(f"HTTP header {name[:40]!r}: not Latin-1 text")
         if name.lower() in ("accept-encoding", "range", "host", "content-length"):
             continue  # refmount's own
         checked[name] = value

@@ -582,7 +582,7 @@ def record(
         shown = f", daemon CPU {cpu:.2f} s ({cpu_cell(setup.sizes.__dict__, workload, cpu)})"
     if child_cpu is not None:
         results[name][workload].child_cpu.append(child_cpu)
-        if child_cpu:
+        if child_cpu >= 0.01:
             shown += f", of which child processes {child_cpu:.2f} s"
     if workload in ("W3z", DECODED):
         stored = setup.zarr_stored / seconds / 1e6
@@ -622,7 +622,7 @@ def measure_fuse(
                         cpu_before, own_before = tree_cpu_seconds(pid), own_cpu_seconds(pid)
                         seconds = run_commands(mountpoint, setup, workload)
                         cpu = tree_cpu_seconds(pid) - cpu_before
-                        helpers = cpu - (own_cpu_seconds(pid) - own_before)
+                        helpers = max(0.0, cpu - (own_cpu_seconds(pid) - own_before))
                         record(results, name, workload, seconds, setup, cpu, helpers)
                 finally:
                     # The find set's peak is its 1M-key load, not reading: kept apart.
@@ -896,7 +896,7 @@ def markdown(report: dict[str, Any]) -> str:
         for w in report["rows"]:
             cells = [cpu_cell(report["sizes"], w, cpu[s][w]) for s in fuse]
             for n, s in enumerate(fuse):
-                if child_cpu[s][w] and (chunks := chunks_of(report["sizes"], w)):
+                if (child_cpu[s][w] or 0) >= 0.01 and (chunks := chunks_of(report["sizes"], w)):
                     cells[n] += f" (child processes {child_cpu[s][w] / chunks * 1000:.2f})"
             lines.append(f"| {w} | " + " | ".join(cells) + " |")
         lines.append("")

@@ -28,6 +28,7 @@ from refmount.workers.protocol import (
     REPLY_MAGIC,
     REQUEST,
     REQUEST_MAGIC,
+    consume,
 )
 
 _PR_SET_PDEATHSIG = 1
@@ -56,12 +57,7 @@ def _write_all(fd: int, *pieces: bytes | bytearray | memoryview) -> None:
     """Write ``pieces`` whole, gathered: the daemon wakes once for a whole reply."""
     views = [view for view in (memoryview(piece).cast("B") for piece in pieces) if view]
     while views:
-        written = os.writev(fd, views)
-        while written:
-            if written >= len(views[0]):
-                written -= len(views.pop(0))
-            else:
-                views[0], written = views[0][written:], 0
+        consume(views, os.writev(fd, views))
 
 
 def _reply(fd: int, status: int, body: bytes | bytearray | memoryview) -> None:

@@ -36,6 +36,7 @@ from refmount.workers.protocol import (
     REPLY_MAGIC,
     REQUEST,
     REQUEST_MAGIC,
+    consume,
 )
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ class _Worker:
             except BlockingIOError:
                 await trio.lowlevel.wait_writable(fd)
                 continue
-            _consume(views, written)
+            consume(views, written)
 
     async def _receive(self, views: list[memoryview], least: int) -> int:
         """Read into ``views``, in order, until at least ``least`` bytes have come;
@@ -156,7 +157,7 @@ class _Worker:
             if n == 0:
                 raise _Broken("its end of the pipe closed")
             done += n
-            _consume(views, n)
+            consume(views, n)
         return done
 
     async def kill(self) -> None:
@@ -176,15 +177,6 @@ class _Worker:
         if code < 0:
             return f"killed by {signal.Signals(-code).name}"
         return f"exited with status {code}"
-
-
-def _consume(views: list[memoryview], count: int) -> None:
-    """Drop the first ``count`` bytes of ``views`` (a readv's or writev's progress)."""
-    while count:
-        if count >= len(views[0]):
-            count -= len(views.pop(0))
-        else:
-            views[0], count = views[0][count:], 0
 
 
 class _Broken(Exception):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import zlib
+from functools import cache
 from pathlib import Path
 
 import numcodecs
@@ -23,6 +25,7 @@ from refmount.decode import (
     parse_zarray,
 )
 from refmount.decode.arrays import MAX_CHUNK_BYTES
+from refmount.decode.codecs import Stage, _libdeflate, _streaming_stage
 from refmount.decode.jsontext import dump_json, repair_document
 from refmount.refs import open_refset
 
@@ -165,6 +168,49 @@ def test_a_chunk_that_decodes_to_less_than_its_size_is_an_error() -> None:
         decode_with(None, None, VALUES.tobytes()[:-1])  # uncompressed, one byte short
     with pytest.raises(DecodeError):
         decode_with({"id": "zlib"}, None, zlib.compress(VALUES.tobytes())[:-10])  # truncated
+
+
+@cache
+def zlib_inputs() -> dict[str, bytes]:
+    """Good, hostile and damaged zlib chunks of ``VALUES``."""
+    good = zlib.compress(VALUES.tobytes(), 6)
+    damaged, wrong_sum = bytearray(good), bytearray(good)
+    damaged[len(good) // 2] ^= 0x55
+    wrong_sum[-1] ^= 1
+    return {
+        "good": good,
+        "bytes after the stream": good + b"after the stream",
+        "bomb": zlib.compress(bytes(100 << 20)),
+        "one byte more": zlib.compress(VALUES.tobytes() + b"x"),
+        "8 bytes short": zlib.compress(VALUES.tobytes()[:-8]),
+        **{f"cut by {n}": good[:-n] for n in (1, 2, 4, 10, len(good) // 2)},
+        "damaged": bytes(damaged),
+        "wrong Adler-32": bytes(wrong_sum),
+        "raw deflate": good[2:-4],
+        "gzip": gzip.compress(VALUES.tobytes()),
+        "empty": b"",
+        "header only": good[:2],
+    }
+
+
+@pytest.mark.parametrize("case", sorted(zlib_inputs()))
+def test_libdeflate_decodes_zlib_chunks_as_the_streaming_decoder_does(case: str) -> None:
+    """Where imagecodecs is installed, ``zlib`` chunks are decoded by libdeflate: the same
+    bytes as zlib's streaming decoder, and an error wherever it gives one."""
+    if _libdeflate() is None:
+        pytest.skip("imagecodecs (libdeflate) is not installed")
+    data, size = zlib_inputs()[case], VALUES.nbytes
+
+    def outcome(stage: Stage) -> bytes | type[DecodeError]:
+        try:
+            return bytes(stage.decode(data, size))
+        except DecodeError:
+            return DecodeError
+
+    streamed = _streaming_stage("zlib", lambda: zlib.decompressobj(15))
+    expected = VALUES.tobytes() if case in ("good", "bytes after the stream") else DecodeError
+    assert outcome(streamed) == expected
+    assert outcome(build_stage({"id": "zlib"})) == expected
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,9 @@ So each id here is built by hand from the fields its decoding reads, each field 
 
 Every stage decodes to an exact, known number of bytes.  Compressors are run so that they
 stop at that size: zlib, gzip, bz2 and lzma through streaming decompressors given a
-``max_length`` one past it; zstd, blosc and lz4 after the size their frame header declares
-is checked against it.  A stage that ends anywhere else raises :class:`DecodeError`: a
+``max_length`` one past it (zlib through libdeflate given room for one byte past it,
+where imagecodecs is installed); zstd, blosc and lz4 after the size their frame header
+declares is checked against it.  A stage that ends anywhere else raises :class:`DecodeError`: a
 bomb stops at the size, and a short or long chunk is never served.
 """
 
@@ -21,6 +22,7 @@ import lzma
 import struct
 import zlib
 from collections.abc import Callable, Mapping
+from functools import cache
 from typing import Any, Protocol
 
 import numpy as np
@@ -115,7 +117,41 @@ def _streaming_stage(codec_id: str, make: Callable[[], Any]) -> Stage:
 
 
 def _zlib(config: Mapping[str, Any]) -> Stage:
-    return _streaming_stage("zlib", lambda: zlib.decompressobj(15))
+    streamed = _streaming_stage("zlib", lambda: zlib.decompressobj(15))
+    inflate = _libdeflate()
+    if inflate is None:
+        return streamed
+
+    def decode(data: Buffer, size: int) -> Buffer:
+        try:
+            out = inflate(data, out=size + 1)
+        except MemoryError:
+            raise  # the worker's memory limit: reported as such, as by zlib
+        except Exception as exc:
+            if "INSUFFICIENT_SPACE" in str(exc):
+                raise DecodeError(
+                    f"zlib does not end within the chunk's {size} bytes: it decodes to more "
+                    "than that, or is damaged"
+                ) from None
+            raise DecodeError(f"zlib: {exc}") from None
+        return exact(out, size, "zlib")
+
+    return Stage("zlib", decode, unknown_size, at_most=streamed.at_most)
+
+
+@cache
+def _libdeflate() -> Callable[..., Buffer] | None:
+    """libdeflate's zlib decoder (imagecodecs' ``deflate_decode``), where installed.
+
+    Given room for one byte past a chunk's size it decodes a whole chunk in half zlib's
+    time (0.36 against 0.70 ms for 256 KiB of float32 here), and like the streaming
+    decoder it stops at that room (a bomb is an error), checks the stream's Adler-32 and
+    end, and ignores bytes after it."""
+    try:
+        import imagecodecs
+    except ImportError:
+        return None
+    return imagecodecs.deflate_decode if imagecodecs.DEFLATE.available else None
 
 
 def _gzip(config: Mapping[str, Any]) -> Stage:

@@ -28,6 +28,7 @@ from refmount.workers.protocol import (
     REPLY_MAGIC,
     REQUEST,
     REQUEST_MAGIC,
+    consume,
 )
 
 _PR_SET_PDEATHSIG = 1
@@ -52,15 +53,15 @@ def _read_exactly(fd: int, size: int) -> bytearray | None:
     return buffer
 
 
-def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    view = memoryview(data).cast("B")
-    while view:
-        view = view[os.write(fd, view) :]
+def _write_all(fd: int, *pieces: bytes | bytearray | memoryview) -> None:
+    """Write ``pieces`` whole, gathered: the daemon wakes once for a whole reply."""
+    views = [view for view in (memoryview(piece).cast("B") for piece in pieces) if view]
+    while views:
+        consume(views, os.writev(fd, views))
 
 
 def _reply(fd: int, status: int, body: bytes | bytearray | memoryview) -> None:
-    _write_all(fd, REPLY.pack(REPLY_MAGIC, status, len(body)))
-    _write_all(fd, body)
+    _write_all(fd, REPLY.pack(REPLY_MAGIC, status, len(body)), body)
 
 
 def serve(requests: int, replies: int, max_payload: int) -> None:

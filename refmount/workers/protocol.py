@@ -21,3 +21,13 @@ READY = b"RMW1"
 #: The largest job header (JSON) and failure message, in bytes.
 MAX_HEADER = 1 << 20
 MAX_MESSAGE = 4096
+
+
+def consume(views: list[memoryview], count: int) -> None:
+    """Drop the first ``count`` bytes of ``views``: a ``readv``'s or ``writev``'s progress
+    through the buffers of one message."""
+    while count:
+        if count >= len(views[0]):
+            count -= len(views.pop(0))
+        else:
+            views[0], count = views[0][count:], 0

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from refmount.service.status import mount_status
+from refmount.service.status import mount_status, render
 from tests.support.direct import read_once
 from tests.support.mounting import Mounted
 from tests.support.nginx import NginxServer
@@ -113,6 +113,10 @@ def test_a_fetch_worker_killed_mid_read_gives_eio_or_the_bytes_and_is_replaced(
         assert survivor in status["fetch_worker_pids"]
         assert not alive(victim)
         assert mounted.process.poll() is None
+        shown = render(mount_status(str(mounted.mountpoint)))
+        new = next(pid for pid in status["fetch_worker_pids"] if pid != survivor)
+        assert f"2 running (pids {', '.join(map(str, sorted([new, survivor])))})" in shown
+        assert "3 started, 1 died" in shown
 
 
 def test_200_readers_at_once_read_every_byte(

@@ -126,6 +126,8 @@ class _Worker:
             view = memoryview(frame)
             try:
                 while view:
+                    if self.closed:  # its descriptor may be another file's by now
+                        raise trio.ClosedResourceError("the worker is gone")
                     try:
                         view = view[os.write(self.requests, view) :]
                     except BlockingIOError:
@@ -236,6 +238,8 @@ class FetchWorkers:
         bytearray), the value, or the failure raised as the worker saw it."""
         if worker is None:
             worker = await self._least_busy()
+        elif worker.closed:  # it died since it was chosen
+            raise WorkerLost(f"its fetch worker {worker.pid} is gone")
         ident = next(self._ids)
         call = worker.pending[ident] = _Call(limit)
         try:
@@ -307,7 +311,11 @@ class FetchWorkers:
                 await trio.sleep(min(LONGEST_PAUSE, FIRST_PAUSE * 2 ** (quick_deaths - 1)))
 
     async def _serve_one(self) -> None:
-        worker = _Worker()
+        try:
+            worker = _Worker()
+        except OSError as exc:  # no process to be had now (EAGAIN, EMFILE): try later
+            log.warning("cannot start a fetch worker: %s", exc)
+            return
         self._counters["fetch_worker_starts"] += 1
         reason = "was stopped"
         try:

@@ -242,19 +242,25 @@ class FetchWorkers:
             raise WorkerLost(f"its fetch worker {worker.pid} is gone")
         ident = next(self._ids)
         call = worker.pending[ident] = _Call(limit)
+        sent = False
         try:
             try:
                 if scope not in worker.scopes:
                     await worker.send(request(SCOPE, scope, self._scopes[scope]))
                     worker.scopes.add(scope)
                 await worker.send(request(kind, ident, args))
+                sent = True
             except (OSError, trio.ClosedResourceError) as exc:  # the worker is gone
                 raise WorkerLost(f"its fetch worker {worker.pid} is gone: {exc}") from None
             await call.done.wait()
         except BaseException:
             if not call.done.is_set():
-                call.abandoned = True
-                worker.cancel(ident)
+                if sent:  # its reply comes anyway, and is dropped
+                    call.abandoned = True
+                    worker.cancel(ident)
+                else:  # the worker never saw it: no reply will come
+                    worker.pending.pop(ident, None)
+                    self._notify()
             raise
         if call.error is not None:
             raise call.error

@@ -125,7 +125,7 @@ def test_200_readers_at_once_read_every_byte(
     name = f"fw-200-{os.getpid()}.bin"
     data = put(nginx.root, name, 100 * CHUNK)
     refs = chunked_set(tmp_path, f"{nginx.url}/{name}", 100)
-    mounted = mount(refs, "--fetch-workers", "2")
+    mounted = mount(refs, "-o", "fetch_workers=2")  # as an fstab line gives it
     order = [k % 100 for k in range(200)]
     random.Random(7).shuffle(order)
 
@@ -135,6 +135,7 @@ def test_200_readers_at_once_read_every_byte(
     with ThreadPoolExecutor(200) as readers:
         assert all(readers.map(read, order))
     status = fetch_status(mounted)
+    assert len(status["fetch_worker_pids"]) == 2
     assert status["fetch_worker_deaths"] == 0
     assert status["bytes_fetched"] >= len(data)
 

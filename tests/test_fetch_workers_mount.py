@@ -134,8 +134,8 @@ def test_200_readers_at_once_read_every_byte(
 
     with ThreadPoolExecutor(200) as readers:
         assert all(readers.map(read, order))
+    started_workers(mounted)  # the second may still be starting on a loaded machine
     status = fetch_status(mounted)
-    assert len(status["fetch_worker_pids"]) == 2
     assert status["fetch_worker_deaths"] == 0
     assert status["bytes_fetched"] >= len(data)
 

@@ -15,10 +15,10 @@ that grows while new workers keep dying.
 Bytes come back through the worker's reply pipe (1 MiB), read with ``readv`` straight
 into the reply's one buffer, not through shared memory.  Measured with
 ``bench/fetch_handover.py`` (2,000 distinct 256 KiB ranges from nginx on 127.0.0.1, 16
-in flight, CPU of both processes, medians of 3 rounds, 2026-11-26, machine loaded): in
-the daemon with obstore 0.36 ms per chunk; through one worker 0.17 ms in the daemon and
-0.41 ms in the worker, 0.58 ms in all.  The hand-over costs about 0.2 ms per chunk, most
-of it per message (the framing, a trio task and a wake-up on each side), not per byte:
+in flight, CPU of both processes, medians of 3 rounds, 2026-11-26 11:53 UTC, load 0.1):
+in the daemon with obstore 0.35 ms per chunk; through one worker 0.13 ms in the daemon
+and 0.44 ms in the worker, 0.58 ms in all.  The hand-over costs about 0.2 ms per chunk, most of it
+per message (the framing, a trio task and a wake-up on each side), not per byte:
 the pipe's two copies (a 256 KiB ``write`` into a 1 MiB pipe and its ``readv`` into a
 new buffer, in one process) cost 0.05 ms, and shared memory would save only one of them
 (the worker still copies obstore's bytes into the segment), while

@@ -20,7 +20,7 @@ import pytest
 
 from refmount.service.status import mount_status, render
 from tests.support.direct import read_once
-from tests.support.mounting import Mounted
+from tests.support.mounting import Mounted, mount_background
 from tests.support.nginx import NginxServer
 from tests.support.servers import RangeServer
 from tests.test_checksums_mount import cat, mount_checksummed
@@ -156,6 +156,21 @@ def test_no_fetch_worker_outlives_its_daemon(
     mounted.process.wait(30)
     until(lambda: not [pid for pid in pids if alive(pid)])
     mounted.stop()
+
+
+def test_a_background_mount_returns_with_its_workers_started(
+    tmp_path: Path, nginx: NginxServer
+) -> None:
+    name = f"fw-background-{os.getpid()}.bin"
+    data = put(nginx.root, name, 2 * CHUNK)
+    refs = chunked_set(tmp_path, f"{nginx.url}/{name}", 2)
+    with mount_background(refs, tmp_path / "mnt", ["--fetch-workers", "2"]) as mounted:
+        assert mounted.pid is not None
+        pids = mount_status(str(mounted.path))["fetch"]["fetch_worker_pids"]
+        assert len(pids) == 2  # at once: the first reads need not wait for them
+        assert set(pids) <= children(mounted.pid)
+        assert (mounted.path / "c" / "1").read_bytes() == chunk(data, 1)
+    until(lambda: not [pid for pid in pids if alive(pid)])
 
 
 def test_a_stalled_store_is_eio_after_its_attempts_and_the_daemon_keeps_answering(

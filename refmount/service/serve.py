@@ -269,6 +269,8 @@ class Daemon:
                 max_background=self.config.max_background,
             )
         )
+        if self.fetch_workers is not None:  # so that the first reads need not wait for them
+            await self.fetch_workers.started()
         log.info("mounted %s on %s", shown(self.config.refs), mountpoint)
         notify(f"READY=1\nSTATUS=serving {shown(self.config.refs)}")
         self._ready = True

@@ -24,6 +24,18 @@ PIPE_SIZE = 1 << 20
 
 _PR_SET_PDEATHSIG = 1
 
+#: Where workers' standard error goes: None, the daemon's own (a daemon in the
+#: foreground); ``subprocess.DEVNULL`` once :func:`detach_stderr` (a daemon in the
+#: background, whose standard error is the starting command's until the mount is ready:
+#: a worker holding it would keep whoever reads that command's output waiting forever).
+_stderr: int | None = None
+
+
+def detach_stderr() -> None:
+    """Start workers from now on with their standard error going nowhere."""
+    global _stderr
+    _stderr = subprocess.DEVNULL
+
 
 def spawn(module: str, *args: str) -> tuple[subprocess.Popen[bytes], int, int]:
     """Start ``python -m module PARENT_PID *args`` with a pipe on its stdin and one on its
@@ -36,6 +48,7 @@ def spawn(module: str, *args: str) -> tuple[subprocess.Popen[bytes], int, int]:
             [sys.executable, "-m", module, str(os.getpid()), *args],
             stdin=to_child,
             stdout=from_child,
+            stderr=_stderr,
             env={**os.environ, **WORKER_ENVIRONMENT},
             close_fds=True,
         )

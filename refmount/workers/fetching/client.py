@@ -283,6 +283,13 @@ class FetchWorkers:
             for worker in workers:
                 nursery.start_soon(self.call, scope, PREPARE, (scope,), 0, worker)
 
+    async def started(self) -> None:
+        """Wait until every worker has started, at most :data:`START_DEADLINE` (one that
+        fails to start is replaced in the background; requests use those running)."""
+        with trio.move_on_after(START_DEADLINE):
+            while len(self._live) < self.workers and not self._closed:
+                await self._changed.wait()
+
     async def _least_busy(self) -> _Worker:
         while True:
             if self._closed:

@@ -79,6 +79,8 @@ class Config:
     max_requests: int = 64
     max_requests_per_host: int = 32
     fetch_backend: str = "auto"
+    #: Worker processes remote requests run in; 0: in the daemon (README: Fetch workers).
+    fetch_workers: int = 0
     read_ahead_kb: int = 16384
     max_background: int = 64
     allow_other: bool = False
@@ -362,6 +364,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=Config.max_requests_per_host,
         metavar="N",
         help="remote requests in flight to one host (default %(default)s)",
+    )
+    g.add_argument(
+        "--fetch-workers",
+        type=whole_number(0, 64),
+        default=Config.fetch_workers,
+        metavar="N",
+        help="worker processes that make the remote requests and receive the bytes, "
+        "outside the daemon's interpreter; 0: in the daemon (default %(default)s)",
     )
     g.add_argument(
         "--read-ahead-kb",

@@ -60,14 +60,17 @@ class FetchStats:
     retries: int = 0
     errors: int = 0
     local_nowait_reads: int = 0  # requests answered from memory on the serving thread
+    #: the counters of the processes remote requests run in (``--fetch-workers``)
+    workers: Callable[[], dict[str, Any]] | None = None
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "requests": self.requests,
             "bytes_fetched": self.bytes_fetched,
             "retries": self.retries,
             "errors": self.errors,
             "local_nowait_reads": self.local_nowait_reads,
+            **(self.workers() if self.workers is not None else {}),
         }
 
 
@@ -104,6 +107,9 @@ class Fetcher:
     policy: FetchPolicy = field(default_factory=FetchPolicy)
     stats: FetchStats = field(default_factory=FetchStats)
     backend: str = "auto"  # "auto": obstore where it serves the protocol; "fsspec": never
+    #: What makes a remote scope's backend: :func:`make_backend` in this process, or
+    #: the same call in the fetch worker processes (``FetchWorkers.backend``).
+    make_remote: Callable[..., Backend] = make_backend
 
     def __post_init__(self) -> None:
         self._local = LocalBackend()
@@ -269,7 +275,7 @@ class Fetcher:
     def _new_backend(self, protocol: str, options: dict[str, Any]) -> Backend:
         """A backend for one scope of a remote protocol."""
         policy = self.policy
-        return make_backend(
+        return self.make_remote(
             protocol,
             options,
             self.backend,

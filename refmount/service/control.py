@@ -63,7 +63,7 @@ class CacheStats(Protocol):
 
 
 class FetchCounters(Protocol):
-    def as_dict(self) -> dict[str, int]: ...
+    def as_dict(self) -> dict[str, Any]: ...
 
 
 class ReadsInFlight:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from refmount.malloc import tune_malloc
 from refmount.options import Config
 from refmount.redaction import Scrubber, ScrubbingFormatter
+from refmount.workers.process import detach_stderr
 
 EXIT_GRACE = 30.0  # seconds a failed background daemon gets to unmount and exit
 
@@ -115,6 +116,7 @@ def _run_in_background(config: Config) -> int:
         os.close(read_end)
         os.setsid()
         _detach_stdio()
+        detach_stderr()  # the daemon's logs go to syslog or its file, not through workers
         setup_logging(config, background=True)
 
         def ready() -> None:

@@ -40,6 +40,7 @@ from refmount.service.reload import Reloader, refs_signature
 from refmount.tree import Owner, Tree
 from refmount.tuning import log_fuse_features, tune_kernel
 from refmount.workers import PoolConfig, WorkerPool
+from refmount.workers.fetching import FetchWorkers
 
 if TYPE_CHECKING:
     from refmount.decode import DecodedReads
@@ -89,6 +90,8 @@ class Daemon:
     signature: tuple[str, ...] | None = None
     #: The worker processes decoding chunks (``--decode``).
     workers: WorkerPool | None = None
+    #: The worker processes remote requests run in (``--fetch-workers``).
+    fetch_workers: FetchWorkers | None = None
 
     @classmethod
     def load(cls, config: Config) -> Daemon:
@@ -111,7 +114,7 @@ class Daemon:
         signature = _signature_before_load(config)
         with LoadProgress.for_command(config.refs) as progress:
             refset = load_refset(config, progress)
-        fetcher = _fetcher(config)
+        fetcher, fetch_workers = _fetcher(config)
         fetcher.confine_flat_options(refset.target_urls())
         cache, disk = _block_cache(config, fetcher, refset.url_extent)
         reads, view, workers = _reads(config, cache)
@@ -131,13 +134,14 @@ class Daemon:
             disk=disk,
             signature=signature,
             workers=workers,
+            fetch_workers=fetch_workers,
         )
 
     @classmethod
     def load_catalog(cls, config: Config) -> Daemon:
         """REFS is a catalog (:mod:`refmount.catalog`): list it; sets load when used."""
         notify("STATUS=listing the catalog")
-        fetcher = _fetcher(config)
+        fetcher, fetch_workers = _fetcher(config)
         fetcher.confine_flat_options(None)  # flat options: no one host to bind them to
         owner = Owner(config.uid, config.gid, config.umask)
         # Sets load only once the mount is served, after ``view`` is bound below.
@@ -151,7 +155,16 @@ class Daemon:
         state = _mount_state(config, fetcher, reads, catalog.key_count, catalog.status)
         catalog.record = state.record_reload
         control = _serve_state(operations, state, config)
-        return cls(config, operations, cache, control, catalog=catalog, disk=disk, workers=workers)
+        return cls(
+            config,
+            operations,
+            cache,
+            control,
+            catalog=catalog,
+            disk=disk,
+            workers=workers,
+            fetch_workers=fetch_workers,
+        )
 
     def run(self, ready: Callable[[], None], on_error: Callable[[str], None] | None) -> int:
         mountpoint = self.config.mountpoint
@@ -198,6 +211,8 @@ class Daemon:
                 self.disk.close()
             if self.workers is not None:
                 self.workers.close()
+            if self.fetch_workers is not None:
+                self.fetch_workers.close()
             log.info("unmounted %s", mountpoint)
 
     async def _main(self, ready: Callable[[], None]) -> None:
@@ -220,6 +235,8 @@ class Daemon:
             nursery.start_soon(self._announce_when_ready, ready)
             if self.workers is not None:
                 nursery.start_soon(self.workers.warm_up)
+            if self.fetch_workers is not None:  # started now: reads need not wait for them
+                nursery.start_soon(self.fetch_workers.run)
             if self.catalog is not None:
                 await nursery.start(self.catalog.run)
             else:
@@ -252,6 +269,8 @@ class Daemon:
                 max_background=self.config.max_background,
             )
         )
+        if self.fetch_workers is not None:  # so that the first reads need not wait for them
+            await self.fetch_workers.started()
         log.info("mounted %s on %s", shown(self.config.refs), mountpoint)
         notify(f"READY=1\nSTATUS=serving {shown(self.config.refs)}")
         self._ready = True
@@ -404,17 +423,23 @@ def _signature_before_load(config: Config) -> tuple[str, ...] | None:
     return found[0] if found else None
 
 
-def _fetcher(config: Config) -> Fetcher:
-    return Fetcher(
-        remote_options=config.remote_options,
-        backend=config.fetch_backend,
-        policy=FetchPolicy(
-            timeout=config.timeout,
-            retries=config.retries,
-            max_requests=config.max_requests,
-            max_requests_per_host=config.max_requests_per_host,
-        ),
+def _fetcher(config: Config) -> tuple[Fetcher, FetchWorkers | None]:
+    """The fetcher, and the worker processes its remote requests run in, if any."""
+    policy = FetchPolicy(
+        timeout=config.timeout,
+        retries=config.retries,
+        max_requests=config.max_requests,
+        max_requests_per_host=config.max_requests_per_host,
     )
+    fetcher = Fetcher(
+        remote_options=config.remote_options, backend=config.fetch_backend, policy=policy
+    )
+    if not config.fetch_workers:
+        return fetcher, None
+    workers = FetchWorkers(config.fetch_workers, per_worker=config.max_requests_per_host)
+    fetcher.make_remote = workers.backend
+    fetcher.stats.workers = workers.stats
+    return fetcher, workers
 
 
 def _key_count(refset: object) -> int | None:

@@ -168,6 +168,8 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
         rows += _disk_rows(cache)
     if "worker_starts" in cache:
         rows += _worker_rows(cache)
+    if "fetch_worker_starts" in fetch:
+        rows += _fetch_worker_rows(fetch)
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -217,6 +219,20 @@ def _worker_rows(cache: dict[str, Any]) -> list[tuple[str, str]]:
             "decode jobs",
             f"{cache.get('worker_jobs', 0):,}, {cache.get('worker_job_errors', 0):,} failed",
         ),
+    ]
+
+
+def _fetch_worker_rows(fetch: dict[str, Any]) -> list[tuple[str, str]]:
+    """The worker processes remote requests run in (``--fetch-workers``)."""
+    pids = ", ".join(str(pid) for pid in fetch.get("fetch_worker_pids", [])) or "-"
+    return [
+        (
+            "fetch workers",
+            f"{fetch.get('fetch_workers', 0):,} running (pids {pids}), "
+            f"{fetch.get('fetch_worker_starts', 0):,} started, "
+            f"{fetch.get('fetch_worker_deaths', 0):,} died",
+        ),
+        ("fetch worker requests", f"{fetch.get('fetch_worker_requests', 0):,} in flight"),
     ]
 
 

@@ -10,14 +10,13 @@ pointed at stderr, so a C library that prints cannot corrupt a reply.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import resource
-import signal
 import sys
 
 from refmount.workers.jobs import JOBS, handler, prepare
+from refmount.workers.process import die_with, reply_channel, settle_signals
 from refmount.workers.protocol import (
     FAILED,
     MAX_HEADER,
@@ -30,15 +29,6 @@ from refmount.workers.protocol import (
     REQUEST_MAGIC,
     consume,
 )
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with(parent: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the daemon died before the line above
-        os._exit(0)
 
 
 def _read_exactly(fd: int, size: int) -> bytearray | None:
@@ -92,13 +82,11 @@ def serve(requests: int, replies: int, max_payload: int) -> None:
 
 def main(argv: list[str]) -> None:
     parent, memory_limit = int(argv[1]), int(argv[2])
-    _die_with(parent)
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())  # the daemon's mask is inherited
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is the daemon's to act on
+    die_with(parent)
+    settle_signals()
     if memory_limit > 0:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
-    replies = os.dup(1)
-    os.dup2(2, 1)
+    replies = reply_channel()
     for kind in JOBS:  # imported before the first job, whose deadline is the job's alone
         prepare(kind)
     _write_all(replies, READY)

@@ -2,24 +2,16 @@
 with a deadline, each worker with a memory limit; a worker that dies, hangs or breaks
 the protocol is killed and its job fails, and the next job starts a new one.
 
-Workers are started from the trio thread itself (``subprocess.Popen`` execs at once; the
-start-up happens in the child): ``PR_SET_PDEATHSIG`` fires when the *thread* that
-started a child ends, and trio's worker threads end when idle.  The daemon is
-multi-threaded, so a worker is a fresh interpreter (fork then exec), never a fork of it.
-All waiting on a worker is trio's (non-blocking pipes), so the serving thread never
-blocks on one.
+Workers are started as :mod:`refmount.workers.process` says.  All waiting on a worker
+is trio's (non-blocking pipes), so the serving thread never blocks on one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +19,7 @@ from typing import Any
 import trio
 
 from refmount.workers.jobs import Buffer, JobFailed
+from refmount.workers.process import spawn
 from refmount.workers.protocol import (
     FAILED,
     MAX_MESSAGE,
@@ -41,10 +34,6 @@ from refmount.workers.protocol import (
 
 log = logging.getLogger(__name__)
 
-#: Environment of a worker: one thread per numerical library, it runs one job at a time.
-_WORKER_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "BLOSC_NTHREADS": "1"}
-#: Bytes a pipe to or from a worker holds (Linux allows unprivileged users 1 MiB).
-_PIPE_SIZE = 1 << 20
 #: Seconds a new worker may take to start (an interpreter and its job's libraries).
 _START_DEADLINE = 60.0
 #: Seconds a killed worker is waited for before it is left to be reaped later.
@@ -66,31 +55,7 @@ class _Worker:
     """One worker process and the daemon's ends of its pipes."""
 
     def __init__(self, memory_limit: int) -> None:
-        to_child, requests = os.pipe2(os.O_CLOEXEC)
-        replies, from_child = os.pipe2(os.O_CLOEXEC)
-        try:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "refmount.workers.child",
-                    str(os.getpid()),
-                    str(memory_limit),
-                ],
-                stdin=to_child,
-                stdout=from_child,
-                env={**os.environ, **_WORKER_ENVIRONMENT},
-                close_fds=True,
-            )
-        except BaseException:
-            for fd in (to_child, requests, replies, from_child):
-                os.close(fd)
-            raise
-        os.close(to_child)
-        os.close(from_child)
-        for fd in (requests, replies):  # fewer wake-ups per chunk than 64 KiB pipes
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+        self.process, requests, replies = spawn("refmount.workers.child", str(memory_limit))
         self.requests = trio.lowlevel.FdStream(requests)
         self.replies = trio.lowlevel.FdStream(replies)
 

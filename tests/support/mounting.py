@@ -37,6 +37,9 @@ STOCK_PYFUSE3 = [
     "sys.exit(main(sys.argv[1:]))\n",
 ]
 REPO = Path(__file__).resolve().parents[2]
+#: ``REFMOUNT_TEST_FETCH_WORKERS=N`` runs every test mount with ``--fetch-workers N``
+#: (unless the test gives its own): the same tests, remote reads in worker processes.
+FETCH_WORKERS_ENV = "REFMOUNT_TEST_FETCH_WORKERS"
 
 
 def is_mounted(path: Path) -> bool:
@@ -106,6 +109,9 @@ class Mounted:
         self.mountpoint = mountpoint
         self.log_path = log
         self._log = log.open("wb")
+        forced = os.environ.get(FETCH_WORKERS_ENV)
+        if forced and "--fetch-workers" not in args:
+            args = [*args, "--fetch-workers", forced]
         self.process = subprocess.Popen(
             [*prefix, *command, str(refs), str(mountpoint), "-f", *args],
             stdin=subprocess.DEVNULL,

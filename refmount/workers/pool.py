@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass

@@ -5,8 +5,10 @@ in-process, survives a worker killed mid-request, and leaves no process behind."
 
 from __future__ import annotations
 
+import datetime
 import errno
 import os
+import pickle
 import random
 import signal
 from collections.abc import Awaitable, Callable
@@ -17,12 +19,19 @@ import trio
 
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher, FetchPolicy
-from refmount.fetch.backend import WrongAnswer
+from refmount.fetch.backend import Version, WrongAnswer
 from refmount.fetch.checksums import ChangedObject
 from refmount.fetch.fetcher import classify
 from refmount.fetch.obstore_backend import ObstoreError
 from refmount.workers.fetching import FetchWorkers
-from refmount.workers.fetching.protocol import RemoteFailure, decode_error, encode_error
+from refmount.workers.fetching.protocol import (
+    RemoteFailure,
+    WorkerLost,
+    decode_error,
+    decode_value,
+    encode_error,
+    encode_value,
+)
 from tests.support.remote_files import Remote
 from tests.support.servers import RangeServer
 from tests.test_workers import alive
@@ -246,3 +255,32 @@ def test_a_closed_pool_fails_requests_and_leaves_no_process(http: RangeServer) -
             await fetcher.fetch(remote.url, 10, 20)
 
     with_workers(test, retries=1)
+
+
+class _Planted:
+    """A pickle that would run a command when loaded."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_values_cross_as_json_and_a_pickle_from_a_worker_is_never_loaded(tmp_path: Path) -> None:
+    when = datetime.datetime(2026, 11, 26, 12, 0, 5, tzinfo=datetime.UTC)
+    for value in (
+        None,
+        0,
+        7_340_032,
+        Version('etag:"x"|size:3', 3, '"x"', when),
+        Version(None, None),
+    ):
+        assert decode_value(encode_value(value)) == value
+    marker = tmp_path / "ran"
+    planted = pickle.dumps(_Planted(marker))
+    with pytest.raises(WorkerLost):
+        decode_value(planted)
+    assert isinstance(decode_error(planted), WorkerLost)
+    assert isinstance(decode_error(b'["other", "X", "m", "not a status"]'), RemoteFailure)
+    assert not marker.exists()

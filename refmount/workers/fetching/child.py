@@ -37,6 +37,7 @@ from refmount.workers.fetching.protocol import (
     VALUE,
     VERSION,
     encode_error,
+    encode_value,
     reply_head,
 )
 from refmount.workers.process import die_with, reply_channel, settle_signals
@@ -111,7 +112,7 @@ class _Server:
             value = await backend.prepare()
         else:
             raise ValueError(f"no request kind {kind}")
-        return VALUE, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return VALUE, encode_value(value)  # type: ignore[arg-type]
 
     def cancel(self, ident: int) -> None:
         scope = self.running.get(ident)

@@ -33,7 +33,6 @@ import contextlib
 import itertools
 import logging
 import os
-import pickle
 import signal
 import subprocess
 from collections.abc import Mapping
@@ -61,6 +60,7 @@ from refmount.workers.fetching.protocol import (
     VERSION,
     WorkerLost,
     decode_error,
+    decode_value,
     request,
 )
 from refmount.workers.process import spawn
@@ -272,7 +272,7 @@ class FetchWorkers:
         if call.status == FAILED:
             raise decode_error(call.body or b"")
         if call.status == VALUE:
-            return pickle.loads(call.body or b"")
+            return decode_value(call.body or b"")
         return call.body
 
     async def prepare(self, scope: int) -> None:

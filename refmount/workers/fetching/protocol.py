@@ -10,22 +10,26 @@ through the pipe only), :data:`READ` ``(scope, url, start, end, checksum)``,
 :data:`CANCEL` (no body) asks the worker to give up request ``id``.
 
 A reply is :data:`REPLY` (magic, status, id, length) and a body of that length: the bytes
-read (:data:`DATA`), a pickled size, :class:`~refmount.fetch.backend.Version` or None
-(:data:`VALUE`), an :func:`encoded <encode_error>` failure (:data:`FAILED`), or nothing
-(:data:`CANCELLED`).  Every request but a scope or a cancel gets exactly one reply, in
-the order the worker finishes them.  Both ends are refmount's own processes: pickle is
-what they trust each other with.
+read (:data:`DATA`), a size, :class:`~refmount.fetch.backend.Version` or None as JSON
+(:data:`VALUE`, see :func:`encode_value`), an :func:`encoded <encode_error>` failure
+(:data:`FAILED`), or nothing (:data:`CANCELLED`).  Every request but a scope or a cancel
+gets exactly one reply, in the order the worker finishes them.  Requests are pickled:
+the daemon is the worker's parent.  Replies are JSON and bytes, never pickles: a worker
+reads what remote stores send, and whatever such bytes might do to it must not reach
+the daemon as code.
 """
 
 from __future__ import annotations
 
+import datetime
 import errno
 import functools
+import json
 import pickle
 import struct
 
 from refmount.errors import FetchError
-from refmount.fetch.backend import WrongAnswer
+from refmount.fetch.backend import Version, WrongAnswer
 from refmount.fetch.checksums import ChangedObject
 
 READY = b"RMF1"
@@ -93,15 +97,19 @@ def encode_error(exc: BaseException) -> bytes:
     else:
         status = status if isinstance(status, int) and not isinstance(status, bool) else None
         fields = ("other", type(exc).__name__, message, status)
-    return pickle.dumps(fields, protocol=pickle.HIGHEST_PROTOCOL)
+    return json.dumps(fields).encode()
 
 
 def decode_error(body: bytes | bytearray) -> Exception:
     """The exception the daemon raises for a failure a worker sent."""
     try:
-        kind, *fields = pickle.loads(body)
+        kind, *fields = json.loads(body)
+        return _rebuilt(kind, fields)
     except Exception as exc:
         return WorkerLost(f"a failure it could not say ({type(exc).__name__})")
+
+
+def _rebuilt(kind: str, fields: list[object]) -> Exception:
     if kind in ("changed", "fetch"):
         message, err = fields
         made = (
@@ -112,10 +120,40 @@ def decode_error(body: bytes | bytearray) -> Exception:
         FetchError.__init__(made, message, err if isinstance(err, int) else errno.EIO)
         return made
     if kind == "wrong":
-        return WrongAnswer(fields[0])
+        return WrongAnswer(str(fields[0]))
     if kind == "not-found":
-        return FileNotFoundError(fields[0])
+        return FileNotFoundError(str(fields[0]))
     if kind == "permission":
-        return PermissionError(fields[0])
+        return PermissionError(str(fields[0]))
+    if kind != "other":
+        raise ValueError(f"no failure kind {kind!r}")
     name, message, status = fields
-    return _failure_class(str(name))(message, status)
+    status = status if isinstance(status, int) and not isinstance(status, bool) else None
+    return _failure_class(str(name))(str(message), status)
+
+
+def encode_value(value: int | Version | None) -> bytes:
+    """A size, a version (its modification time as ISO text when it is a datetime) or
+    None, as JSON."""
+    if not isinstance(value, Version):
+        return json.dumps(value).encode()
+    modified = value.modified
+    if isinstance(modified, datetime.datetime):
+        modified = {"iso": modified.isoformat()}
+    return json.dumps({"version": [value.validator, value.size, value.etag, modified]}).encode()
+
+
+def decode_value(body: bytes | bytearray) -> int | Version | None:
+    """What :func:`encode_value` wrote; anything else is a broken worker."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        raise WorkerLost("a value that is not JSON") from None
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, dict) and list(value) == ["version"] and len(value["version"]) == 4:
+        validator, size, etag, modified = value["version"]
+        if isinstance(modified, dict):
+            modified = datetime.datetime.fromisoformat(str(modified["iso"]))
+        return Version(validator, size, etag, modified)
+    raise WorkerLost(f"a value it cannot have sent: {str(value)[:80]}")

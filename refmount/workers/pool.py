@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from refmount.workers.jobs import Buffer, JobFailed
-from refmount.workers.process import spawn
+from refmount.workers.process import how_it_ended, spawn
 from refmount.workers.protocol import (
     FAILED,
     MAX_MESSAGE,
@@ -137,12 +137,7 @@ class _Worker:
                 await trio.sleep(0.005)
 
     def ended(self) -> str:
-        code = self.process.poll()
-        if code is None:
-            return "still running"
-        if code < 0:
-            return f"killed by {signal.Signals(-code).name}"
-        return f"exited with status {code}"
+        return how_it_ended(self.process)
 
 
 class _Broken(Exception):

@@ -86,3 +86,14 @@ def reply_channel() -> int:
     replies = os.dup(1)
     os.dup2(2, 1)
     return replies
+
+
+def how_it_ended(process: subprocess.Popen[bytes]) -> str:
+    """A worker's end as log lines and errors say it: "killed by SIGKILL", "exited with
+    status 1", or "still running"."""
+    code = process.poll()
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exited with status {code}"

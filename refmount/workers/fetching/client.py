@@ -63,7 +63,7 @@ from refmount.workers.fetching.protocol import (
     decode_value,
     request,
 )
-from refmount.workers.process import spawn
+from refmount.workers.process import how_it_ended, spawn
 
 log = logging.getLogger(__name__)
 
@@ -180,12 +180,7 @@ class _Worker:
             os.close(fd)
 
     def ended(self) -> str:
-        code = self.process.poll()
-        if code is None:
-            return "still running"
-        if code < 0:
-            return f"was killed by {signal.Signals(-code).name}"
-        return f"exited with status {code}"
+        return how_it_ended(self.process)
 
 
 class FetchWorkers:

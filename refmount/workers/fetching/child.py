@@ -41,6 +41,7 @@ from refmount.workers.fetching.protocol import (
     reply_head,
 )
 from refmount.workers.process import die_with, reply_channel, settle_signals
+from refmount.workers.protocol import consume
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +93,7 @@ class _Server:
                 except BlockingIOError:
                     await trio.lowlevel.wait_writable(self.replies)
                     continue
-                while views and written >= len(views[0]):
-                    written -= len(views.pop(0))
-                if views:
-                    views[0] = views[0][written:]
+                consume(views, written)
         finally:
             self.writing.release()
 

@@ -219,6 +219,29 @@ def build_s3_repository(endpoint: str, bucket: str, netcdf: Path) -> str:
     return f"s3://{bucket}/repo"
 
 
+def build_virtual_repository(directory: Path, prefix: str, store: Any, key: str) -> Path:
+    """A local repository, ``directory/repo``, whose virtual chunks are in the netCDF file
+    at ``prefix`` + its name (``key`` in obstore's ``store``, whose root is ``prefix``'s
+    bucket or container), referenced by VirtualiZarr through that store; a native array;
+    one commit.  Uploaded beside the file, it is a repository on that store.  Returns
+    ``directory/repo``."""
+    scheme, _, rest = prefix.partition("://")
+    space = rest.split("/", 1)[0]
+    from icechunk.storage import azure_store  # not exported at the top (icechunk 2.3)
+
+    kinds = {"gs": icechunk.gcs_store, "az": lambda: azure_store(account="devstoreaccount1")}
+    config = icechunk.RepositoryConfig.default()
+    config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(prefix, kinds[scheme]()))
+    root = directory / "repo"
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(root)), config)
+    registry = ObjectStoreRegistry({f"{scheme}://{space}": store})
+    vds = open_virtual_dataset(f"{scheme}://{space}/{key}", registry=registry, parser=HDFParser())
+    session = repo.writable_session("main")
+    virtual_and_native(session.store, vds)
+    session.commit("first")
+    return root
+
+
 def read_s3_in_process(endpoint: str, bucket: str) -> dict[str, np.ndarray]:
     repo = icechunk.Repository.open(
         s3_storage(endpoint, bucket, "repo"),

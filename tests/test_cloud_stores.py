@@ -10,11 +10,14 @@ carries a checksum, as an Icechunk virtual chunk does.
 
 from __future__ import annotations
 
+import datetime
+import errno
 import itertools
 import json
 import os
 import random
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +28,13 @@ import numpy as np
 import pytest
 import zarr
 
+from refmount.fetch.obstore_options import translate
 from tests.conftest import Mounted
 from tests.data_builders import dump_refs
 from tests.support.azurite import Azurite, connection_string
 from tests.support.fault_proxy import FaultProxy
 from tests.support.gcs import FakeGcsServer
+from tests.support.icechunk_repos import build_virtual_repository, native_values, write_netcdf
 from tests.test_checksums_mount import mount_checksummed
 from tests.test_protocols import assert_reads, payload, relative_refs
 
@@ -62,8 +67,6 @@ class Cloud:
     def etag(self, space: str, key: str) -> str:
         """The object's ETag as the store's ranged GETs answer it."""
         from obstore import head
-
-        from refmount.fetch.obstore_options import translate
 
         config = translate(self.scheme, self.options())
         store = self.obstore(space, config)
@@ -260,21 +263,20 @@ def test_a_changed_object_is_refused_where_a_checksum_was_recorded(
 # -- Icechunk -----------------------------------------------------------------------------------
 
 
-def test_icechunk_repository_on_the_store(
-    mount: Callable[..., Mounted], cloud: Cloud, tmp_path: Path
-) -> None:
-    """A repository in a bucket (container) whose virtual chunks are a netCDF file beside
-    it, referenced through the store; native chunks and metadata from the same store."""
-    from tests.support.icechunk_repos import build_virtual_repository, native_values, write_netcdf
-
+def repository_on(
+    cloud: Cloud, tmp_path: Path, mount: Callable[..., Mounted], *, checksums: bool = False
+) -> tuple[str, Path, Mounted]:
+    """A repository in a new bucket (container) whose virtual chunks are a netCDF file
+    beside it, referenced through the store (``checksums``: recording when the file was
+    last updated, as VirtualiZarr's ``last_updated_at`` does); built locally, uploaded,
+    mounted.  Returns the bucket, the netCDF file and the mount."""
     space = cloud.space()
     netcdf = write_netcdf(tmp_path / "a.nc")
     cloud.put(space, "data/a.nc", netcdf.read_bytes())
+    last_updated_at = datetime.datetime.now(datetime.UTC) if checksums else None
     prefix = f"{cloud.scheme}://{space}/data/"
-    from refmount.fetch.obstore_options import translate
-
     store = cloud.obstore(space, translate(cloud.scheme, cloud.options()))
-    root = build_virtual_repository(tmp_path / "built", prefix, store, "data/a.nc")
+    root = build_virtual_repository(tmp_path / "built", prefix, store, "data/a.nc", last_updated_at)
     cloud.server.upload_tree(root, space, "repo")
     options = cloud.options()
     m = mount(
@@ -282,6 +284,14 @@ def test_icechunk_repository_on_the_store(
         "--refs-options", json.dumps(options),
         "--remote-options", json.dumps({cloud.scheme: options}),
     )  # fmt: skip
+    return space, netcdf, m
+
+
+def test_icechunk_repository_on_the_store(
+    mount: Callable[..., Mounted], cloud: Cloud, tmp_path: Path
+) -> None:
+    """Metadata, native chunks and virtual chunks all from the store."""
+    space, netcdf, m = repository_on(cloud, tmp_path, mount)
     group = zarr.open_group(m.mountpoint, mode="r")
     assert sorted(name for name, _ in group.arrays()) == ["native", "temp", "time"]
     np.testing.assert_array_equal(group["native"][:], native_values(1))
@@ -290,3 +300,27 @@ def test_icechunk_repository_on_the_store(
         np.testing.assert_array_equal(group["temp"][:], ds["temp"][:])
         np.testing.assert_array_equal(group["time"][:], ds["time"][:])
     assert f"{cloud.scheme}://{space}: byte ranges through obstore" in m.log()
+
+
+def test_icechunk_virtual_chunks_of_a_changed_object_are_eio(
+    mount: Callable[..., Mounted], cloud: Cloud, tmp_path: Path
+) -> None:
+    """The repository recorded when its source was last updated; the same bytes written
+    again later are a changed object: its virtual chunks are EIO, the rest reads."""
+    space, netcdf, m = repository_on(cloud, tmp_path, mount, checksums=True)
+    with netCDF4.Dataset(netcdf) as ds:
+        ds.set_auto_mask(False)
+        expected = ds["temp"][:]
+    np.testing.assert_array_equal(
+        zarr.open_array(m.mountpoint / "temp", mode="r")[0:2, 0:10, 0:15],
+        expected[0:2, 0:10, 0:15],
+    )
+    time.sleep(1.1)  # a Last-Modified of a later second than the one recorded
+    cloud.put(space, "data/a.nc", netcdf.read_bytes())
+    with pytest.raises(OSError) as raised:
+        (m.mountpoint / "temp/c/2/1/1").read_bytes()
+    assert raised.value.errno == errno.EIO
+    assert "a.nc: changed since it was referenced" in m.log()
+    native = zarr.open_array(m.mountpoint / "native", mode="r")[:]  # no checksum: reads
+    np.testing.assert_array_equal(native, native_values(1))
+    assert m.process.poll() is None

@@ -13,13 +13,11 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
-import urllib.error
 from pathlib import Path
 from typing import Any
 
 from tests.support.mounting import REPO
-from tests.support.servers import HOST, _opener, _Subprocess, free_port
+from tests.support.servers import HOST, _Subprocess, free_port
 
 #: Azurite's well-known development account and key (public, in Azure's documentation).
 ACCOUNT = "devstoreaccount1"
@@ -76,25 +74,8 @@ class Azurite(_Subprocess):
         argv += ["--location", self._data.name, "--silent", "--disableTelemetry"]
         argv += ["--disableProductStyleUrl", "--skipApiVersionCheck", "--loose"]
         self._spawn(argv)
-        self._wait_ready()
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        while True:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
-                raise self._fail(f"azurite exited with status {self._proc.returncode}")
-            try:
-                with _opener.open(f"{self.blob_endpoint}?comp=list", timeout=2.0):
-                    return
-            except urllib.error.HTTPError:
-                return  # any answer (403 unsigned) means it is listening
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise self._fail(
-                        f"azurite did not answer within {self.startup_timeout:g} s"
-                    ) from None
-                time.sleep(0.1)
+        # Any answer (403: the probe is not signed) means it is listening.
+        self._wait_answering(f"{self.blob_endpoint}?comp=list", "azurite", self.startup_timeout)
 
     def stop(self) -> None:
         super().stop()
@@ -120,9 +101,3 @@ class Azurite(_Subprocess):
         """Write a blob (replacing any); its ETag."""
         blob = self.client().get_blob_client(container, key)
         return str(blob.upload_blob(data, overwrite=True)["etag"])
-
-    def upload_tree(self, root: Path, container: str, prefix: str) -> None:
-        """Every file under ``root`` as ``prefix/<its relative path>``."""
-        for path in sorted(root.rglob("*")):
-            if path.is_file():
-                self.put(container, f"{prefix}/{path.relative_to(root)}", path.read_bytes())

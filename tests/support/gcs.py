@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -61,23 +60,7 @@ class FakeGcsServer(_Subprocess):
         argv += ["-filesystem-root", self._data.name, "-log-level", "warn"]
         argv += ["-public-host", f"{HOST}:{self.port}", "-external-url", self.url]
         self._spawn(argv)
-        self._wait_ready()
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        while True:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
-                raise self._fail(f"fake-gcs-server exited with status {self._proc.returncode}")
-            try:
-                _http("GET", f"{self.url}/storage/v1/b", timeout=2.0)
-                return
-            except (OSError, urllib.error.HTTPError):
-                if time.monotonic() > deadline:
-                    raise self._fail(
-                        f"fake-gcs-server did not answer within {self.startup_timeout:g} s"
-                    ) from None
-                time.sleep(0.1)
+        self._wait_answering(f"{self.url}/storage/v1/b", "fake-gcs-server", self.startup_timeout)
 
     def stop(self) -> None:
         super().stop()
@@ -97,9 +80,3 @@ class FakeGcsServer(_Subprocess):
         request.add_header("Content-Type", "application/octet-stream")
         with _opener.open(request, timeout=30) as response:
             return dict(json.loads(response.read()))
-
-    def upload_tree(self, root: Path, bucket: str, prefix: str) -> None:
-        """Every file under ``root`` as ``prefix/<its relative path>``."""
-        for path in sorted(root.rglob("*")):
-            if path.is_file():
-                self.put(bucket, f"{prefix}/{path.relative_to(root)}", path.read_bytes())

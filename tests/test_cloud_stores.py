@@ -31,7 +31,7 @@ import zarr
 from refmount.fetch.obstore_options import translate
 from tests.conftest import Mounted
 from tests.data_builders import dump_refs
-from tests.support.azurite import Azurite, connection_string
+from tests.support.azurite import ACCOUNT, Azurite, connection_string
 from tests.support.fault_proxy import FaultProxy
 from tests.support.gcs import FakeGcsServer
 from tests.support.icechunk_repos import build_virtual_repository, native_values, write_netcdf
@@ -121,25 +121,28 @@ def cat(path: Path) -> subprocess.CompletedProcess[bytes]:
 
 
 @pytest.mark.parametrize("backend", ["obstore", "fsspec"])
-@pytest.mark.parametrize("protocol", ["gs", "az", "abfs"])
+@pytest.mark.parametrize("form", ["gs", "az", "abfs", "abfs-account"])
 def test_targets_read_through_a_mount(
     mount: Callable[..., Mounted],
     request: pytest.FixtureRequest,
     tmp_path: Path,
     backend: str,
-    protocol: str,
+    form: str,
 ) -> None:
-    cloud = cloud_of(request, "gcs" if protocol == "gs" else "azure")
+    """``abfs-account``: ``abfs://container@account.dfs.core.windows.net/path``."""
+    cloud = cloud_of(request, "gcs" if form == "gs" else "azure")
     space = cloud.space()
     data = payload(250_000, 21)
     cloud.put(space, "dir/data.bin", data)
     cloud.put(space, "whole.bin", data[:777])
-    target = f"{protocol}://{space}/dir/data.bin"
+    protocol = form.split("-")[0]
+    where = f"{space}@{ACCOUNT}.dfs.core.windows.net" if form == "abfs-account" else space
+    target = f"{protocol}://{where}/dir/data.bin"
     refs = {
         "x/first": [target, 0, 1000],
         "x/middle": [target, 100_000, 65_536],
         "x/last": [target, 249_999, 1],
-        "whole": [f"{protocol}://{space}/whole.bin"],
+        "whole": [f"{protocol}://{where}/whole.bin"],
     }
     options = json.dumps({protocol: cloud.options()})
     m = mount(
@@ -155,7 +158,7 @@ def test_targets_read_through_a_mount(
             "whole": data[:777],
         },
     )
-    through_obstore = f"{protocol}://{space}: byte ranges through obstore" in m.log()
+    through_obstore = f"{protocol}://{where}: byte ranges through obstore" in m.log()
     assert through_obstore == (backend == "obstore")
 
 

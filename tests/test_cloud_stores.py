@@ -175,6 +175,25 @@ def test_refs_file_on_the_store_with_relative_targets(
     assert "azure.core" not in m.log()  # azure-core's line per request, headers and all
 
 
+def test_a_gcs_access_token_is_sent_as_a_bearer_token(
+    mount: Callable[..., Mounted], gcs_server: FakeGcsServer, tmp_path: Path
+) -> None:
+    """gcsfs's ``token`` given as an access token reaches the store (obstore) as
+    ``Authorization: Bearer``; fake-gcs-server ignores it, the proxy's gate sees it."""
+    cloud = Cloud("gcs", gcs_server)
+    space = cloud.space()
+    data = payload(20_000, 26)
+    cloud.put(space, "data.bin", data)
+    with FaultProxy(gcs_server.port) as proxy:
+        options = {"endpoint_url": proxy.url, "token": "ya29.test-access-token"}
+        refs = {"k": [f"gs://{space}/data.bin", 100, 5000]}
+        m = mount(dump_refs(refs, tmp_path / "refs.json"), "--remote-options", json.dumps(options))
+        proxy.reset()
+        assert cat(m.mountpoint / "k").stdout == data[100:5100]
+        sent = [h.get("authorization") for h in proxy.gate.stats()["headers"]]
+        assert sent == ["Bearer ya29.test-access-token"], sent
+
+
 # -- faults -------------------------------------------------------------------------------------
 
 

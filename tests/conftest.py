@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.azurite import Azurite
+from tests.support.gcs import FakeGcsServer
+
 # Re-exported: test modules import these names from here.
 from tests.support.mounting import (  # noqa: F401
     REFMOUNT,
@@ -89,6 +92,20 @@ def nginx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NginxServer]:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[MotoServer]:
     with MotoServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[FakeGcsServer]:
+    """fake-gcs-server on 127.0.0.1 (Google Cloud Storage)."""
+    with FakeGcsServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[Azurite]:
+    """Azurite's blob service on 127.0.0.1 (Azure Blob Storage)."""
+    with Azurite() as server:
         yield server
 
 

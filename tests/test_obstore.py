@@ -108,6 +108,10 @@ def test_other_stores_options_translate(tmp_path: Path) -> None:
     assert azure.client_options["allow_http"] is True
     sas = translate("az", {"account_name": "acc", "sas_token": "sv=1&sig=2"})
     assert sas.config == {"account_name": "acc", "sas_key": "sv=1&sig=2"}
+    bearer = translate("gs", {"token": "ya29.access", "endpoint_url": f"http://{HOST}:1"})
+    assert (bearer.bearer_token, bearer.config) == ("ya29.access", {"base_url": f"http://{HOST}:1"})
+    hosted = translate("az", {"account_name": "acc", "account_host": "acc.blob.example.org"})
+    assert hosted.config == {"account_name": "acc", "endpoint": "https://acc.blob.example.org"}
 
 
 @pytest.mark.parametrize(

@@ -269,7 +269,10 @@ class ObstoreBackend:
         elif config.kind == "s3":
             store = S3Store(key, config=dict(config.config), **common)
         elif config.kind == "gcs":
-            store = GCSStore(key, config=dict(config.config), **common)
+            token = config.bearer_token
+            provider = None if token is None else lambda: {"token": token, "expires_at": None}
+            settings = dict(config.config)
+            store = GCSStore(key, config=settings, credential_provider=provider, **common)
         else:
             container, _, host = key.partition("@")
             settings = dict(config.config)

@@ -115,11 +115,13 @@ class NginxServer(_Subprocess):
         prefix = Path(self._prefix.name)
         self.port = free_port()
         config = prefix / "nginx.conf"
-        config.write_text(
-            nginx_config(self.root, self.port, self.delay, prefix, autoindex=self.autoindex)
-        )
+        config.write_text(self.config_text(prefix))
         self._spawn(["nginx", "-p", str(prefix), "-c", str(config)])
         self._wait_ready()
+
+    def config_text(self, prefix: Path) -> str:
+        """nginx's configuration, its scratch files under ``prefix``."""
+        return nginx_config(self.root, self.port, self.delay, prefix, autoindex=self.autoindex)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout

@@ -349,7 +349,8 @@ def test_a_header_that_cannot_be_sent_as_given_is_refused(header: dict[str, str]
 def test_urls_the_client_leaves_to_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     target = http_backend._target
     target.cache_clear()
-    assert target("http://h:8080/a/b.nc") == ("h", 8080, b"/a/b.nc")
+    assert target("http://h:8080/a/b.nc", "http")[:3] == ("h", 8080, b"/a/b.nc")
+    assert target("https://h/a/b.nc", "https") == ("h", 443, b"/a/b.nc", "h")
     for url in (
         "http://u:p@h/a",
         "http://h/a?sig=1",
@@ -357,10 +358,10 @@ def test_urls_the_client_leaves_to_the_fallback(monkeypatch: pytest.MonkeyPatch)
         "https://h/a",
         "http://h/a b",
     ):
-        assert target(url) is None, url
+        assert target(url, "http") is None, url
     monkeypatch.setenv("http_proxy", "http://proxy.example:3128")
     monkeypatch.setenv("no_proxy", "near.example")
     target.cache_clear()
-    assert target("http://far.example/a") is None
-    assert target("http://near.example/a") is not None
+    assert target("http://far.example/a", "http") is None
+    assert target("http://near.example/a", "http") is not None
     target.cache_clear()

@@ -23,6 +23,7 @@ import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import fsspec
 import trio
@@ -32,6 +33,7 @@ from refmount.fetch.backend import MAX_FILE_SIZE, Backend, Version, WrongAnswer
 from refmount.fetch.checksums import ChangedObject
 from refmount.fetch.local import LocalBackend
 from refmount.fetch.obstore_backend import make_backend
+from refmount.fetch.trust import certificate_failure
 from refmount.protocols import LOCAL_PROTOCOLS
 from refmount.redaction import redact
 from refmount.refs.model import Checksum
@@ -356,6 +358,10 @@ class Fetcher:
                 self._fail(url, str(exc))
                 raise
             except Exception as exc:
+                failure = certificate_failure(exc, urlsplit(url).netloc)
+                if failure is not None:  # final: a retry meets the same certificate
+                    self._fail(url, str(failure))
+                    raise FetchError(f"{redact(url)}: {failure}", errno.EIO) from exc
                 err, retry, reason = classify(exc)
                 if not retry:
                     self._fail(url, reason)

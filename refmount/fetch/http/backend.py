@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import email.utils
 import errno
+import functools
 import logging
+import ssl
 import urllib.request
 from collections.abc import Mapping
 from functools import lru_cache
@@ -45,6 +47,7 @@ from refmount.fetch import checksums
 from refmount.fetch.backend import Backend, Version, WrongAnswer
 from refmount.fetch.http.connection import Connection, ConnectionLost, ConnectionPool
 from refmount.fetch.http.response import Head
+from refmount.fetch.http.s3 import S3Client
 from refmount.redaction import redact
 from refmount.refs.model import Checksum
 
@@ -54,6 +57,7 @@ log = logging.getLogger(__name__)
 REDIRECTS_KEPT = 4096
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _USER_AGENT = "refmount"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class HttpStatus(Exception):
@@ -69,74 +73,106 @@ class _Target(NamedTuple):
     host: str
     port: int
     path: bytes  # the request target, as the URL spells it
+    host_header: str  # the Host header: the port only where it is not the scheme's
+
+
+def target_of(scheme: str, host: str, port: int, path: str) -> _Target | None:
+    """A request's target, or None for one this client leaves to the fallback (a path
+    that is not plain ASCII, a host reached through a proxy)."""
+    if not host or not path.isascii() or any(c <= " " or c == "\x7f" for c in path):
+        return None
+    if _proxied(scheme, host):
+        return None
+    shown = host if ":" not in host else f"[{host}]"
+    if port != _DEFAULT_PORTS[scheme]:
+        shown = f"{shown}:{port}"
+    return _Target(host, port, path.encode("ascii"), shown)
 
 
 @lru_cache(maxsize=REDIRECTS_KEPT)
-def _target(url: str) -> _Target | None:
-    """Where a plain ``http://`` URL's request goes, or None for one this client leaves
-    to the fallback."""
+def _target(url: str, scheme: str) -> _Target | None:
+    """Where an ``http://`` or ``https://`` URL's request goes (``scheme`` being the
+    backend's), or None for one this client leaves to the fallback."""
     parts = urlsplit(url)
-    if parts.scheme != "http" or parts.query or parts.fragment or "@" in parts.netloc:
+    if parts.scheme != scheme or parts.query or parts.fragment or "@" in parts.netloc:
         return None
     try:
-        host, port = parts.hostname, parts.port or 80
+        host, port = parts.hostname, parts.port or _DEFAULT_PORTS[scheme]
     except ValueError:
         return None
-    path = parts.path or "/"
-    if not host or not path.isascii() or any(c <= " " or c == "\x7f" for c in path):
-        return None
-    if _proxied(host):
-        return None
-    return _Target(host, port, path.encode("ascii"))
+    return target_of(scheme, host or "", port, parts.path or "/")
 
 
-def _proxied(host: str) -> bool:
+def _proxied(scheme: str, host: str) -> bool:
     """Whether the environment sends requests to ``host`` through a proxy."""
-    proxy = urllib.request.getproxies_environment().get("http")
+    proxy = urllib.request.getproxies_environment().get(scheme)
     return bool(proxy) and not urllib.request.proxy_bypass_environment(host)
 
 
 def request_head(
-    target: _Target, start: int, end: int, headers: Mapping[str, str], checksum: Checksum | None
+    target: _Target,
+    start: int,
+    end: int,
+    headers: Mapping[str, str],
+    checksum: Checksum | None,
+    s3: S3Client | None = None,
 ) -> bytes:
     """The request for bytes ``[start, end)``: refmount's fixed headers, the checksum's
-    condition, then the user's own (``Accept-Encoding`` is always identity)."""
-    host = target.host if ":" not in target.host else f"[{target.host}]"
-    if target.port != 80:
-        host = f"{host}:{target.port}"
-    lines = [
-        b"GET " + target.path + b" HTTP/1.1",
-        f"Host: {host}".encode("ascii"),
-        f"Range: bytes={start}-{end - 1}".encode("ascii"),
-        b"Accept-Encoding: identity",
-        b"User-Agent: " + _USER_AGENT.encode(),
+    condition, then the user's own (``Accept-Encoding`` is always identity); for S3
+    its own headers and the signature over all of them."""
+    fields = [
+        ("Host", target.host_header),
+        ("Range", f"bytes={start}-{end - 1}"),
+        ("Accept-Encoding", "identity"),
+        ("User-Agent", _USER_AGENT),
+        *{**checksums.http_conditions(checksum), **headers}.items(),
     ]
-    for name, value in {**checksums.http_conditions(checksum), **headers}.items():
-        lines.append(f"{name}: {value}".encode("latin-1"))
+    if s3 is not None:
+        fields += s3.extra_headers()
+        if s3.signer is not None:
+            fields += s3.signer.headers("GET", target.path.decode("ascii"), fields)
+    lines = [b"GET " + target.path + b" HTTP/1.1"]
+    lines += [f"{name}: {value}".encode("latin-1") for name, value in fields]
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
 class HttpBackend:
-    """Ranged GETs of one scope's plain ``http://`` URLs; everything else through
-    ``fallback``."""
+    """Ranged GETs of one scope's ``http://`` URLs, or with ``tls`` its ``https://``
+    ones, or with ``s3`` its ``s3://`` ones; everything else through ``fallback``."""
 
     def __init__(
-        self, headers: Mapping[str, str], fallback: Backend, *, max_idle: int = 32
+        self,
+        headers: Mapping[str, str],
+        fallback: Backend,
+        *,
+        max_idle: int = 32,
+        tls: ssl.SSLContext | None = None,
+        s3: S3Client | None = None,
     ) -> None:
         self.headers = _checked_headers(headers)
         self.fallback = fallback
-        self.pool = ConnectionPool(max_idle)
+        self.s3 = s3
+        self.scheme = s3.scheme if s3 is not None else "https" if tls is not None else "http"
+        opener = Connection.open
+        if self.scheme == "https":
+            if tls is None:
+                raise ValueError("an https:// endpoint needs a TLS context")
+            opener = functools.partial(Connection.open_tls, context=tls)
+        self.pool = ConnectionPool(max_idle, opener)
         self._redirected: dict[str, None] = {}
         self._hosts_seen: set[tuple[str, int]] = set()
 
     async def read(self, url: str, start: int, end: int, checksum: Checksum | None = None) -> bytes:
-        target = _target(url)
+        target = self._locate(url)
         if target is None or url in self._redirected:
             return await self.fallback.read(url, start, end, checksum)
-        request = request_head(target, start, end, self.headers, checksum)
+        request = request_head(target, start, end, self.headers, checksum, self.s3)
         if (target.host, target.port) not in self._hosts_seen:
             self._hosts_seen.add((target.host, target.port))
-            log.info("http://%s:%d: byte ranges through refmount's HTTP client", *target[:2])
+            log.info(
+                "%s://%s:%d: byte ranges through refmount's HTTP client%s",
+                self.scheme, target.host, target.port, " (S3, SigV4)" if self.s3 else "",
+            )  # fmt: skip
         connection = await self.pool.take(target.host, target.port)
         try:
             try:
@@ -164,6 +200,11 @@ class HttpBackend:
         else:
             connection.close()
         return data
+
+    def _locate(self, url: str) -> _Target | None:
+        if self.s3 is None:
+            return _target(url, self.scheme)
+        return _s3_target(self.s3, url)
 
     async def size(self, url: str) -> int:
         return await self.fallback.size(url)
@@ -218,6 +259,12 @@ async def _body(
     if status == 200 and size < length:
         connection.close()  # the rest of the object is not read
     return data
+
+
+@lru_cache(maxsize=REDIRECTS_KEPT)
+def _s3_target(s3: S3Client, url: str) -> _Target | None:
+    located = s3.locate(url)
+    return None if located is None else target_of(s3.scheme, *located)
 
 
 def _range_length(head: Head, start: int, end: int, length: int) -> int:

@@ -10,11 +10,14 @@ an answer it did not read to the end is closed, never pooled.
 from __future__ import annotations
 
 import os
+import ssl
 import time
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from refmount.fetch.http.response import MAX_HEAD, Head, ProtocolError, parse_head
+from refmount.fetch.http.tls import TlsStream
 
 #: Seconds an idle connection is kept: servers close theirs after 5 s (Apache) to
 #: 75 s (nginx); one closed meanwhile costs a second try on a new connection.
@@ -35,9 +38,10 @@ class ConnectionLost(Exception):
 class Connection:
     """One TCP connection to a server."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.SocketStream | TlsStream) -> None:
         self._stream = stream
-        self._socket = stream.socket
+        plain = isinstance(stream, trio.SocketStream)
+        self._recv_into = stream.socket.recv_into if plain else stream.recv_into
         self._head = bytearray(MAX_HEAD)
         #: Bytes of the body that came in with the head: ``_head[_spare:_spare_end]``.
         self._spare = self._spare_end = 0
@@ -49,6 +53,10 @@ class Connection:
     async def open(cls, host: str, port: int) -> Connection:
         return cls(await trio.open_tcp_stream(host, port))
 
+    @classmethod
+    async def open_tls(cls, host: str, port: int, context: ssl.SSLContext) -> Connection:
+        return cls(await TlsStream.open(host, port, context))
+
     async def send(self, request: bytes) -> None:
         await self._stream.send_all(request)
 
@@ -56,7 +64,7 @@ class Connection:
         """The next answer's head; the body's first bytes stay for :meth:`read_body`."""
         view, got = memoryview(self._head), 0
         while True:
-            n = await self._socket.recv_into(view[got:])
+            n = await self._recv_into(view[got:])
             if n == 0:
                 raise ConnectionLost("the server closed the connection", answered=got > 0)
             start = max(0, got - len(_END_OF_HEAD) + 1)
@@ -75,7 +83,7 @@ class Connection:
         self._spare += spare
         got, size = spare, len(into)
         while got < size:
-            n = await self._socket.recv_into(into[got:])
+            n = await self._recv_into(into[got:])
             if n == 0:
                 raise ConnectionLost(
                     f"the server closed the connection after {got} of {size} body bytes",
@@ -94,19 +102,26 @@ class Connection:
         if self.closed:
             return
         self.closed = True
+        if isinstance(self._stream, TlsStream):
+            self._stream.close()
+            return
+        socket = self._stream.socket
         try:
             trio.lowlevel.current_task()
         except RuntimeError:
-            os.close(self._socket.detach())
+            os.close(socket.detach())
         else:
-            self._socket.close()
+            socket.close()
 
 
 class ConnectionPool:
     """Idle connections by ``(host, port)``, at most ``max_idle`` each, newest first."""
 
-    def __init__(self, max_idle: int) -> None:
+    def __init__(
+        self, max_idle: int, opener: Callable[[str, int], Awaitable[Connection]] = Connection.open
+    ) -> None:
         self.max_idle = max_idle
+        self.opener = opener
         self._idle: dict[tuple[str, int], list[Connection]] = {}
         self.opened = 0
 
@@ -123,7 +138,7 @@ class ConnectionPool:
 
     async def take_new(self, host: str, port: int) -> Connection:
         self.opened += 1
-        return await Connection.open(host, port)
+        return await self.opener(host, port)
 
     def give_back(self, host: str, port: int, connection: Connection) -> None:
         idle = self._idle.setdefault((host, port), [])

@@ -341,8 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "obstore", "fsspec"),
         default=Config.fetch_backend,
         help="what reads remote byte ranges: auto (refmount's own HTTP client for "
-        "http://, obstore for https, s3, gs and az when their options translate, fsspec "
-        "otherwise), obstore (obstore for http:// too) or fsspec (always)",
+        "http://, https:// and s3://, obstore for gs and az when their options translate, "
+        "fsspec otherwise), obstore (obstore wherever it serves the protocol) or fsspec "
+        "(always)",
     )
     g.add_argument(
         "--retries",

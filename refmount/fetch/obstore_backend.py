@@ -100,13 +100,15 @@ def make_backend(
 ) -> Backend:
     """The backend for a remote protocol.
 
-    ``auto``: plain ``http://`` ranges through refmount's own client
-    (:mod:`refmount.fetch.http`), which hands what it does not do itself to the backend
-    ``obstore`` would choose; ``obstore``: obstore where the protocol is one it serves,
+    ``auto``: ``http://``, ``https://`` and ``s3://`` ranges through refmount's own
+    client (:mod:`refmount.fetch.http`; for S3 where it can sign and address the
+    requests itself), which hands what it does not do itself to the backend ``obstore``
+    would choose; ``obstore``: obstore where the protocol is one it serves,
     it is installed and every option translates, fsspec otherwise (with one log line
     saying why, when obstore was possible); ``fsspec``: fsspec always.
     ``deadline`` is the fetcher's deadline per attempt (None: none, obstore's default
-    timeout stays), ``threads`` the worker threads obstore may read in at once."""
+    timeout stays), ``threads`` the worker threads obstore may read in at once.  Every
+    backend verifies TLS against the same trust (:mod:`refmount.fetch.trust`)."""
     trust, options = split_options(options)
     fsspec_backend = FsspecBackend(protocol, fsspec_options(protocol, options, trust))
     if choice == "fsspec" or protocol not in OBSTORE_PROTOCOLS:

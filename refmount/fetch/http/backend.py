@@ -1,4 +1,5 @@
-"""Byte ranges of plain ``http://`` URLs, read on the serving loop itself.
+"""Byte ranges of ``http://``, ``https://`` and ``s3://`` URLs, read on the serving loop
+itself.
 
 A ranged GET over a keep-alive connection is a few system calls; what costs is how the
 body reaches a buffer.  obstore (``obstore_backend``) does the request in its Rust
@@ -15,8 +16,11 @@ What this client does not do itself goes to the backend that did it before (obst
 or fsspec where obstore cannot serve): sizes and versions (HEAD, rare), URLs with user
 information, a query or a fragment, hosts reached through a proxy (``http_proxy``),
 and redirects (each redirected URL is remembered and asked there directly).  TLS
-(``https://``) stays with obstore: trio's TLS runs in Python per 16 KiB record, which
-costs more than obstore's whole request.
+(``https://``, and ``s3://`` endpoints over https) is a non-blocking ``ssl.SSLSocket``
+(:mod:`refmount.fetch.http.tls`) that decrypts into the same buffers; ``s3://`` requests
+are addressed and signed by :mod:`refmount.fetch.http.s3` and
+:mod:`refmount.fetch.http.sigv4`.  In the daemon a cold 256 KiB chunk over https cost
+0.80 ms of CPU this way against 1.60 ms through obstore's threads (issue 28, README).
 
 An answer is data only when it is exactly what was asked (the same checks as
 ``obstore_backend``): a 206 whose ``Content-Range`` starts at the asked byte and ends at

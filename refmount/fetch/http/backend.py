@@ -20,9 +20,10 @@ costs more than obstore's whole request.
 
 An answer is data only when it is exactly what was asked (the same checks as
 ``obstore_backend``): a 206 whose ``Content-Range`` starts at the asked byte and ends at
-the asked end or at the object's end, with a ``Content-Length`` to match and no
-``Content-Encoding``; or, for a range from byte 0 only, a 200 whose body is read as far
-as the range (the server ignored ``Range``).  Anything else is :class:`WrongAnswer` or
+the asked end or at the object's end, with a ``Content-Length`` to match, no
+``Transfer-Encoding`` (:meth:`Head.framing`) and no ``Content-Encoding``; or, for a
+range from byte 0 only, a 200 whose body is read as far as the range (the server
+ignored ``Range``).  Anything else is :class:`WrongAnswer` or
 an HTTP status the fetcher maps and retries; no more of a body than the range is ever
 read.
 """
@@ -202,9 +203,7 @@ async def _body(
     encoding = head.get("content-encoding")
     if encoding is not None and encoding.strip().lower() != "identity":
         raise WrongAnswer(f"the server answered with Content-Encoding {encoding[:40]!r}")
-    length = head.content_length()
-    if length is None:
-        raise WrongAnswer(f"a {status} without a Content-Length")
+    length = head.framing()
     want = end - start
     if status == 200:
         if start != 0:

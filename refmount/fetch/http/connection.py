@@ -14,7 +14,7 @@ import time
 
 import trio
 
-from refmount.fetch.http.response import MAX_HEAD, Head, ProtocolError, parse_head
+from refmount.fetch.http.response import MAX_HEAD, MAX_INTERIM, Head, ProtocolError, parse_head
 
 #: Seconds an idle connection is kept: servers close theirs after 5 s (Apache) to
 #: 75 s (nginx); one closed meanwhile costs a second try on a new connection.
@@ -53,20 +53,37 @@ class Connection:
         await self._stream.send_all(request)
 
     async def read_head(self) -> Head:
-        """The next answer's head; the body's first bytes stay for :meth:`read_body`."""
-        view, got = memoryview(self._head), 0
-        while True:
-            n = await self._socket.recv_into(view[got:])
-            if n == 0:
-                raise ConnectionLost("the server closed the connection", answered=got > 0)
-            start = max(0, got - len(_END_OF_HEAD) + 1)
-            got += n
-            end = self._head.find(_END_OF_HEAD, start, got)
-            if end >= 0:
-                self._spare, self._spare_end = end + len(_END_OF_HEAD), got
-                return parse_head(view[:end])
+        """The next final answer's head, past at most ``MAX_INTERIM`` interim (1xx)
+        answers; the body's first bytes stay for :meth:`read_body`."""
+        answered = False
+        for _ in range(MAX_INTERIM + 1):
+            head = await self._read_one_head(answered)
+            if not head.interim:
+                return head
+            answered = True
+        raise ProtocolError(f"more than {MAX_INTERIM} interim (1xx) answers")
+
+    async def _read_one_head(self, answered: bool) -> Head:
+        """One head, starting with what came in after the last one (an interim answer's
+        successor may share its packet)."""
+        buffer, view = self._head, memoryview(self._head)
+        got = self._spare_end - self._spare
+        if got:
+            buffer[:got] = buffer[self._spare : self._spare_end]
+        self._spare = self._spare_end = 0
+        start = 0
+        while (end := buffer.find(_END_OF_HEAD, start, got)) < 0:
             if got == MAX_HEAD:
                 raise ProtocolError(f"a head longer than {MAX_HEAD} bytes")
+            start = max(0, got - len(_END_OF_HEAD) + 1)
+            n = await self._socket.recv_into(view[got:])
+            if n == 0:
+                raise ConnectionLost(
+                    "the server closed the connection", answered=answered or got > 0
+                )
+            got += n
+        self._spare, self._spare_end = end + len(_END_OF_HEAD), got
+        return parse_head(view[:end])
 
     async def read_body(self, into: memoryview) -> None:
         """Exactly ``len(into)`` bytes of the body into ``into``."""

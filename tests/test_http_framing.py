@@ -11,6 +11,7 @@ them with ``cat`` and asserts the bytes or EIO, and what the server received.
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,10 +51,14 @@ def chunked(body: bytes) -> bytes:
 
 
 def mount_keys(
-    mount: Callable[..., Mounted], tmp_path: Path, server: RawServer, keys: dict[str, str]
+    mount: Callable[..., Mounted],
+    tmp_path: Path,
+    server: RawServer,
+    keys: dict[str, str],
+    length: int = LENGTH,
 ) -> Mounted:
-    """Each key ``LENGTH`` bytes at ``OFFSET`` of its path on ``server``."""
-    refs = {key: [server.url(path), OFFSET, LENGTH] for key, path in keys.items()}
+    """Each key ``length`` bytes at ``OFFSET`` of its path on ``server``."""
+    refs = {key: [server.url(path), OFFSET, length] for key, path in keys.items()}
     return mount(write_refs(tmp_path, refs), "--timeout", "3", "--retries", "1")
 
 
@@ -63,10 +68,10 @@ def assert_eio(result: subprocess.CompletedProcess[bytes]) -> None:
     assert result.stdout == b""
 
 
-def assert_good(m: Mounted, key: str = "good") -> None:
+def assert_good(m: Mounted, key: str = "good", length: int = LENGTH) -> None:
     result = read(m.mountpoint / key)
     assert result.returncode == 0, (result.stderr, m.log()[-2000:])
-    assert result.stdout == DATA[OFFSET : OFFSET + LENGTH]
+    assert result.stdout == DATA[OFFSET : OFFSET + length]
     assert m.process.poll() is None
 
 
@@ -171,3 +176,35 @@ def test_a_101_is_eio(
     m = mount_keys(mount, tmp_path, server, {"switch": "/switch.bin", "good": "/good.bin"})
     assert_eio(read(m.mountpoint / "switch"))
     assert_good(m)
+
+
+@pytest.mark.parametrize(
+    ("length", "late"),
+    [(LENGTH, True), (200_000, False)],
+    ids=["written-later", "after-a-200KB-body-in-one-write"],
+)
+def test_an_answer_nobody_asked_for_never_answers_the_next_request(
+    mount: Callable[..., Mounted],
+    tmp_path: Path,
+    raw_server: Callable[..., RawServer],
+    length: int,
+    late: bool,
+) -> None:
+    # After the right answer for the first key, the server sends another 206 for the
+    # same range, which the second key (another path) asks next, filled with other bytes.
+    def answer(head: bytes) -> tuple[Reply, bool]:
+        first, last = asked_range(head)
+        right = partial(first, last)
+        if path_of(head) != "/first.bin":
+            return right, True
+        unasked = partial(first, last, OTHER)
+        return ([right, 0.3, unasked] if late else right + unasked), True
+
+    server = raw_server(answer)
+    keys = {"first": "/first.bin", "second": "/second.bin"}
+    m = mount_keys(mount, tmp_path, server, keys, length)
+    assert_good(m, "first", length)
+    time.sleep(1.0)  # the unasked answer has arrived
+    assert_good(m, "second", length)
+    assert [path_of(h) for h in server.requests] == ["/first.bin", "/second.bin"]
+    assert server.connections == 2  # the first connection was closed, not used again

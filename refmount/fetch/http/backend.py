@@ -44,7 +44,8 @@ import trio
 from refmount.errors import FetchError
 from refmount.fetch import checksums
 from refmount.fetch.backend import Backend, Version, WrongAnswer
-from refmount.fetch.http.connection import Connection, ConnectionLost, ConnectionPool
+from refmount.fetch.http.connection import Connection, ConnectionLost
+from refmount.fetch.http.pool import ConnectionPool
 from refmount.fetch.http.response import Head
 from refmount.redaction import redact
 from refmount.refs.model import Checksum

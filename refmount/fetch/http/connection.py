@@ -1,4 +1,4 @@
-"""Keep-alive HTTP/1.1 connections on trio sockets, and a pool of idle ones per host.
+"""Keep-alive HTTP/1.1 connections on trio sockets (pooled by :mod:`.pool`).
 
 A connection reads an answer's head into a small buffer of its own and its body straight
 into the caller's buffer (``recv_into``): no piece of a body is ever a Python object of
@@ -10,15 +10,12 @@ an answer it did not read to the end is closed, never pooled.
 from __future__ import annotations
 
 import os
-import time
+import select
 
 import trio
 
 from refmount.fetch.http.response import MAX_HEAD, MAX_INTERIM, Head, ProtocolError, parse_head
 
-#: Seconds an idle connection is kept: servers close theirs after 5 s (Apache) to
-#: 75 s (nginx); one closed meanwhile costs a second try on a new connection.
-IDLE_SECONDS = 30.0
 _END_OF_HEAD = b"\r\n\r\n"
 
 
@@ -101,9 +98,18 @@ class Connection:
             got += n
 
     @property
-    def drained(self) -> bool:
-        """Whether nothing the server sent is left unread (the next answer starts clean)."""
-        return self._spare == self._spare_end
+    def quiet(self) -> bool:
+        """Whether nothing the server sent is left unread and it has sent nothing since
+        (no byte, no close, no error): only then does the next answer on this connection
+        answer the next request.  A server or proxy that writes more than it was asked
+        (an answer nobody asked for, a body longer than its length) leaves bytes that
+        would be read as the answer to the next request; a zero-timeout poll of the
+        socket sees them, and the connection is closed instead of used again."""
+        if self.closed or self._spare != self._spare_end:
+            return False
+        poll = select.poll()
+        poll.register(self._socket.fileno(), select.POLLIN | select.POLLPRI)
+        return not poll.poll(0)
 
     def close(self) -> None:
         """Close the socket; outside trio (the fetcher closed at exit) without telling
@@ -117,41 +123,3 @@ class Connection:
             os.close(self._socket.detach())
         else:
             self._socket.close()
-
-
-class ConnectionPool:
-    """Idle connections by ``(host, port)``, at most ``max_idle`` each, newest first."""
-
-    def __init__(self, max_idle: int) -> None:
-        self.max_idle = max_idle
-        self._idle: dict[tuple[str, int], list[Connection]] = {}
-        self.opened = 0
-
-    async def take(self, host: str, port: int) -> Connection:
-        idle = self._idle.get((host, port))
-        now = time.monotonic()
-        while idle:
-            connection = idle.pop()
-            if now - connection.idle_since < IDLE_SECONDS:
-                connection.reused = True
-                return connection
-            connection.close()
-        return await self.take_new(host, port)
-
-    async def take_new(self, host: str, port: int) -> Connection:
-        self.opened += 1
-        return await Connection.open(host, port)
-
-    def give_back(self, host: str, port: int, connection: Connection) -> None:
-        idle = self._idle.setdefault((host, port), [])
-        if connection.closed or len(idle) >= self.max_idle or not connection.drained:
-            connection.close()
-            return
-        connection.idle_since = time.monotonic()
-        idle.append(connection)
-
-    def close(self) -> None:
-        for idle in self._idle.values():
-            for connection in idle:
-                connection.close()
-        self._idle.clear()

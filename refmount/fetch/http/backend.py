@@ -33,6 +33,7 @@ from __future__ import annotations
 import email.utils
 import errno
 import logging
+import re
 import urllib.request
 from collections.abc import Mapping
 from functools import lru_cache
@@ -41,6 +42,7 @@ from urllib.parse import urlsplit
 
 import trio
 
+from refmount import header_text
 from refmount.errors import FetchError
 from refmount.fetch import checksums
 from refmount.fetch.backend import Backend, Version, WrongAnswer
@@ -56,6 +58,8 @@ log = logging.getLogger(__name__)
 REDIRECTS_KEPT = 4096
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _USER_AGENT = "refmount"
+#: A host as this client writes it into ``Host``: a name or an IPv4 or IPv6 address.
+_HOST = re.compile(r"[A-Za-z0-9._~-]+|[0-9A-Fa-f:.]+")
 
 
 class HttpStatus(Exception):
@@ -85,7 +89,9 @@ def _target(url: str) -> _Target | None:
     except ValueError:
         return None
     path = parts.path or "/"
-    if not host or not path.isascii() or any(c <= " " or c == "\x7f" for c in path):
+    if not host or _HOST.fullmatch(host) is None:
+        return None
+    if not path.isascii() or any(c <= " " or c == "\x7f" for c in path):
         return None
     if _proxied(host):
         return None
@@ -102,7 +108,9 @@ def request_head(
     target: _Target, start: int, end: int, headers: Mapping[str, str], checksum: Checksum | None
 ) -> bytes:
     """The request for bytes ``[start, end)``: refmount's fixed headers, the checksum's
-    condition, then the user's own (``Accept-Encoding`` is always identity)."""
+    condition, then the user's own (``Accept-Encoding`` is always identity).  Every
+    header is checked once more as it is written (see :mod:`refmount.header_text`):
+    one that would end its line is FetchError, never sent."""
     host = target.host if ":" not in target.host else f"[{target.host}]"
     if target.port != 80:
         host = f"{host}:{target.port}"
@@ -114,6 +122,10 @@ def request_head(
         b"User-Agent: " + _USER_AGENT.encode(),
     ]
     for name, value in {**checksums.http_conditions(checksum), **headers}.items():
+        problem = header_text.name_problem(name) or header_text.value_problem(value)
+        if problem is not None:
+            shown = header_text.escaped(name, 40)
+            raise FetchError(f"HTTP header {shown!r}: {problem}: not sent", errno.EIO)
         lines.append(f"{name}: {value}".encode("latin-1"))
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
@@ -250,10 +262,10 @@ def _checked_headers(headers: Mapping[str, str]) -> dict[str, str]:
     end the header line (a request of the caller's making, not the user's)."""
     checked: dict[str, str] = {}
     for name, value in headers.items():
-        if not name or any(c in name for c in ":\r\n \t") or "\r" in value or "\n" in value:
-            raise ValueError(f"HTTP header {name[:40]!r}: not a header line")
-        if any(ord(c) > 255 for c in name + value):
-            raise ValueError(f"HTTP header {name[:40]!r}: not Latin-1 text")
+        problem = header_text.name_problem(name) or header_text.value_problem(value)
+        if problem is not None:
+            shown = header_text.escaped(name, 40)
+            raise ValueError(f"HTTP header {shown!r}: not a header line: {problem}")
         if name.lower() in ("accept-encoding", "range", "host", "content-length"):
             continue  # refmount's own
         checked[name] = value

@@ -4,7 +4,7 @@ Mounts read through nginx serving TLS with a certificate of a CA made for the te
 machine does not trust it until told: ``SSL_CERT_FILE`` or a ``ca_bundle`` option), for
 refmount's client, obstore and fsspec alike.  What no well-behaved TLS server does
 (closing mid-body, with or without ``close_notify``; closing a kept-alive connection
-unannounced; an endless head) comes from the raw server of ``test_http_client.py``
+unannounced; an endless head) comes from the raw server of ``tests/support/rawserver.py``
 speaking TLS.  SigV4 signatures are compared with botocore's for the same requests, and
 ``s3://`` reads go through refmount's client to moto.
 """
@@ -34,8 +34,9 @@ from tests.conftest import refmount_cli
 from tests.support.certificates import Certificates, make_certificates
 from tests.support.mounting import Mounted
 from tests.support.nginx import NginxServer
+from tests.support.rawserver import Answer, RawServer
 from tests.support.servers import HOST, MotoServer
-from tests.test_http_client import DATA, RawServer, ranged_answer
+from tests.test_http_client import DATA, ranged_answer
 
 BACKENDS = ("auto", "obstore", "fsspec")
 UNTRUSTED = "TLS: certificate verify failed: unable to get local issuer certificate"
@@ -203,12 +204,12 @@ class _NotifyingSocket(ssl.SSLSocket):
 
 
 class TlsRawServer(RawServer):
-    """The raw server of test_http_client.py, speaking TLS with the test CA's
+    """The raw server of tests/support/rawserver.py, speaking TLS with the test CA's
     certificate; ``close_notify``: each connection's end is announced."""
 
     def __init__(
         self,
-        answer: Callable[[bytes], tuple[bytes, bool]],
+        answer: Answer,
         certs: Certificates,
         close_notify: bool = False,
         as_ca: bool = False,
@@ -234,11 +235,11 @@ class TlsRawServer(RawServer):
 @pytest.fixture
 def tls_raw_server(
     certificates: Certificates, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[[Callable[[bytes], tuple[bytes, bool]]], TlsRawServer]]:
+) -> Iterator[Callable[[Answer], TlsRawServer]]:
     monkeypatch.setenv("SSL_CERT_FILE", str(certificates.ca))
     servers: list[TlsRawServer] = []
 
-    def start(answer: Callable[[bytes], tuple[bytes, bool]], **kw: bool) -> TlsRawServer:
+    def start(answer: Answer, **kw: bool) -> TlsRawServer:
         servers.append(TlsRawServer(answer, certificates, **kw))
         return servers[-1]
 

@@ -24,9 +24,10 @@ are addressed and signed by :mod:`refmount.fetch.http.s3` and
 
 An answer is data only when it is exactly what was asked (the same checks as
 ``obstore_backend``): a 206 whose ``Content-Range`` starts at the asked byte and ends at
-the asked end or at the object's end, with a ``Content-Length`` to match and no
-``Content-Encoding``; or, for a range from byte 0 only, a 200 whose body is read as far
-as the range (the server ignored ``Range``).  Anything else is :class:`WrongAnswer` or
+the asked end or at the object's end, with a ``Content-Length`` to match, no
+``Transfer-Encoding`` (:meth:`Head.framing`) and no ``Content-Encoding``; or, for a
+range from byte 0 only, a 200 whose body is read as far as the range (the server
+ignored ``Range``).  Anything else is :class:`WrongAnswer` or
 an HTTP status the fetcher maps and retries; no more of a body than the range is ever
 read.
 """
@@ -37,6 +38,7 @@ import email.utils
 import errno
 import functools
 import logging
+import re
 import ssl
 import urllib.request
 from collections.abc import Mapping
@@ -46,10 +48,12 @@ from urllib.parse import urlsplit
 
 import trio
 
+from refmount import header_text
 from refmount.errors import FetchError
 from refmount.fetch import checksums
 from refmount.fetch.backend import Backend, Version, WrongAnswer
-from refmount.fetch.http.connection import Connection, ConnectionLost, ConnectionPool
+from refmount.fetch.http.connection import Connection, ConnectionLost
+from refmount.fetch.http.pool import ConnectionPool
 from refmount.fetch.http.response import Head
 from refmount.fetch.http.s3 import S3Client
 from refmount.redaction import redact
@@ -62,6 +66,8 @@ REDIRECTS_KEPT = 4096
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _USER_AGENT = "refmount"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+#: A host as this client writes it into ``Host``: a name or an IPv4 or IPv6 address.
+_HOST = re.compile(r"[A-Za-z0-9._~-]+|[0-9A-Fa-f:.]+")
 
 
 class HttpStatus(Exception):
@@ -83,7 +89,9 @@ class _Target(NamedTuple):
 def target_of(scheme: str, host: str, port: int, path: str) -> _Target | None:
     """A request's target, or None for one this client leaves to the fallback (a path
     that is not plain ASCII, a host reached through a proxy)."""
-    if not host or not path.isascii() or any(c <= " " or c == "\x7f" for c in path):
+    if not host or _HOST.fullmatch(host) is None:
+        return None
+    if not path.isascii() or any(c <= " " or c == "\x7f" for c in path):
         return None
     if _proxied(scheme, host):
         return None
@@ -123,7 +131,9 @@ def request_head(
 ) -> bytes:
     """The request for bytes ``[start, end)``: refmount's fixed headers, the checksum's
     condition, then the user's own (``Accept-Encoding`` is always identity); for S3
-    its own headers and the signature over all of them."""
+    its own headers and the signature over all of them.  Every header is checked once
+    more as it is written (see :mod:`refmount.header_text`): one that would end its
+    line is FetchError, never sent."""
     fields = [
         ("Host", target.host_header),
         ("Range", f"bytes={start}-{end - 1}"),
@@ -136,7 +146,12 @@ def request_head(
         if s3.signer is not None:
             fields += s3.signer.headers("GET", target.path.decode("ascii"), fields)
     lines = [b"GET " + target.path + b" HTTP/1.1"]
-    lines += [f"{name}: {value}".encode("latin-1") for name, value in fields]
+    for name, value in fields:
+        problem = header_text.name_problem(name) or header_text.value_problem(value)
+        if problem is not None:
+            shown = header_text.escaped(name, 40)
+            raise FetchError(f"HTTP header {shown!r}: {problem}: not sent", errno.EIO)
+        lines.append(f"{name}: {value}".encode("latin-1"))
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
@@ -247,9 +262,7 @@ async def _body(
     encoding = head.get("content-encoding")
     if encoding is not None and encoding.strip().lower() != "identity":
         raise WrongAnswer(f"the server answered with Content-Encoding {encoding[:40]!r}")
-    length = head.content_length()
-    if length is None:
-        raise WrongAnswer(f"a {status} without a Content-Length")
+    length = head.framing()
     want = end - start
     if status == 200:
         if start != 0:
@@ -301,10 +314,10 @@ def _checked_headers(headers: Mapping[str, str]) -> dict[str, str]:
     end the header line (a request of the caller's making, not the user's)."""
     checked: dict[str, str] = {}
     for name, value in headers.items():
-        if not name or any(c in name for c in ":\r\n \t") or "\r" in value or "\n" in value:
-            raise ValueError(f"HTTP header {name[:40]!r}: not a header line")
-        if any(ord(c) > 255 for c in name + value):
-            raise ValueError(f"HTTP header {name[:40]!r}: not Latin-1 text")
+        problem = header_text.name_problem(name) or header_text.value_problem(value)
+        if problem is not None:
+            shown = header_text.escaped(name, 40)
+            raise ValueError(f"HTTP header {shown!r}: not a header line: {problem}")
         if name.lower() in ("accept-encoding", "range", "host", "content-length"):
             continue  # refmount's own
         checked[name] = value

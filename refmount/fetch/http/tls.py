@@ -89,6 +89,13 @@ class TlsStream:
                 await trio.lowlevel.wait_writable(self._tls)
             self._unyielded = 0
 
+    def fileno(self) -> int:
+        return self._tls.fileno()
+
+    def pending(self) -> int:
+        """Decrypted bytes OpenSSL holds that were not read yet."""
+        return self._tls.pending()
+
     def close(self) -> None:
         """Close the socket; inside trio tell it first (a task may wait on it)."""
         try:

@@ -17,6 +17,7 @@ import json
 import socket
 import ssl
 import subprocess
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -213,8 +214,14 @@ class TlsRawServer(RawServer):
         certs: Certificates,
         close_notify: bool = False,
         as_ca: bool = False,
+        old_tls: bool = False,
     ) -> None:
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        if old_tls:  # a server that offers TLS 1.0 and 1.1 only
+            self.context.set_ciphers("DEFAULT:@SECLEVEL=0")
+            with warnings.catch_warnings(category=DeprecationWarning, action="ignore"):
+                self.context.minimum_version = ssl.TLSVersion.TLSv1
+                self.context.maximum_version = ssl.TLSVersion.TLSv1_1
         if as_ca:  # the CA's own certificate: trusted, but only for signing certificates
             self.context.load_cert_chain(certs.ca, certs.ca.with_name("ca.key"))
         else:
@@ -458,3 +465,15 @@ def test_s3_reads_through_refmounts_client_against_moto(
 def test_certificate_error_names_host_and_reason() -> None:
     error = CertificateError("h:443", "self-signed certificate")
     assert str(error) == "h:443: TLS: certificate verify failed: self-signed certificate"
+
+
+def test_a_server_offering_only_old_tls_is_refused(
+    tls_raw_server: Callable[..., TlsRawServer],
+) -> None:
+    server = tls_raw_server(lambda head: (ranged_answer(head), True), old_tls=True)
+    reader = fetcher(retries=1)
+    with pytest.raises(FetchError, match=r"(?i)protocol") as refused:
+        trio.run(reader.fetch, f"https://{HOST}:{server.port}/x.bin", 0, 10)
+    assert refused.value.errno == errno.EIO
+    assert server.requests == []  # no request was ever sent over it
+    reader.close()

@@ -774,7 +774,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     systems = [s for s in (args.only or SYSTEMS) if s not in args.skip]
     chosen = [w for w in (args.workloads or WORKLOADS)]
     workloads = chosen if "http" in args.protocols else []
-    workloads += [f"{w}@{p}" for p in args.protocols[1:] for w in PROTOCOL_WORKLOADS if w in chosen]
+    workloads += [
+        f"{w}@{p}" for p in args.protocols if p != "http" for w in PROTOCOL_WORKLOADS if w in chosen
+    ]
     notes = []
     if not args.no_fusectl and any(s in FUSE_SYSTEMS for s in systems):
         mounted = mount_fusectl(CONNECTIONS_ROOT)

@@ -118,7 +118,9 @@ def test_https_trusted_through_ssl_cert_file_reads(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_ca_bundle_option_is_trusted_for_its_host(
+@pytest.mark.parametrize("over", ["https", "s3"])
+def test_a_ca_bundle_option_is_trusted_where_it_is_given(
+    over: str,
     backend: str,
     tmp_path: Path,
     tls_nginx: NginxServer,
@@ -126,27 +128,19 @@ def test_a_ca_bundle_option_is_trusted_for_its_host(
     mount: Callable[..., Mounted],
     no_trust_env: None,
 ) -> None:
-    refs = write_refs(tmp_path, f"{tls_nginx.https_url}/bucket/data.bin")
-    options = {tls_nginx.https_url: {"ca_bundle": str(certificates.ca)}}
-    mounted = mount(refs, "--fetch-backend", backend, "--remote-options", json.dumps(options))
-    assert_reads(mounted)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_s3_over_tls_with_a_ca_bundle_reads(
-    backend: str,
-    tmp_path: Path,
-    tls_nginx: NginxServer,
-    certificates: Certificates,
-    mount: Callable[..., Mounted],
-    no_trust_env: None,
-) -> None:
-    refs = write_refs(tmp_path, "s3://bucket/data.bin")
-    options = {"s3": s3_options(tls_nginx, ca_bundle=str(certificates.ca))}
+    ca = str(certificates.ca)
+    options: dict[str, dict[str, object]]
+    if over == "https":  # keyed by host
+        url = f"{tls_nginx.https_url}/bucket/data.bin"
+        options = {tls_nginx.https_url: {"ca_bundle": ca}}
+    else:  # keyed by protocol, with the endpoint's other settings
+        url, options = "s3://bucket/data.bin", {"s3": s3_options(tls_nginx, ca_bundle=ca)}
+    refs = write_refs(tmp_path, url)
     mounted = mount(refs, "--fetch-backend", backend, "--remote-options", json.dumps(options))
     assert_reads(mounted)
     if backend == "auto":
-        assert "(S3, SigV4)" in mounted.log_path.read_text()
+        said = "(S3, SigV4)" if over == "s3" else "byte ranges through refmount's HTTP client"
+        assert said in mounted.log_path.read_text()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

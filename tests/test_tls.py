@@ -143,7 +143,7 @@ def test_a_ca_bundle_option_is_trusted_where_it_is_given(
         assert said in mounted.log_path.read_text()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, "auto --fetch-workers 1"])
 def test_an_untrusted_certificate_fails_naming_host_and_reason(
     backend: str,
     tmp_path: Path,
@@ -152,7 +152,7 @@ def test_an_untrusted_certificate_fails_naming_host_and_reason(
     no_trust_env: None,
 ) -> None:
     refs = write_refs(tmp_path, f"{tls_nginx.https_url}/bucket/data.bin")
-    mounted = mount(refs, "--fetch-backend", backend)
+    mounted = mount(refs, "--fetch-backend", *backend.split())
     done = cat(mounted.mountpoint / "a")
     assert done.returncode != 0 and done.stdout == b""
     assert b"Input/output error" in done.stderr
@@ -471,3 +471,29 @@ def test_a_server_offering_only_old_tls_is_refused(
     assert refused.value.errno == errno.EIO
     assert server.requests == []  # no request was ever sent over it
     reader.close()
+
+
+def test_turning_verification_off_is_said_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    from refmount.fetch.fsspec_backend import FsspecBackend
+    from refmount.fetch.obstore_backend import make_backend
+
+    with caplog.at_level("WARNING", logger="refmount.fetch.trust"):
+        https = make_backend("https", {"ssl": False})
+        s3 = make_backend("s3", {"anon": True, "client_kwargs": {"verify": False}})
+    assert isinstance(https, FsspecBackend) and https.options["ssl"] is False
+    assert isinstance(s3, FsspecBackend)
+    assert "https: the remote options turn certificate verification OFF (ssl: false)" in caplog.text
+    assert "s3: the remote options turn certificate verification OFF (client_kwargs" in caplog.text
+
+
+def test_https_through_fetch_workers_trusts_the_ca_bundle(
+    tmp_path: Path,
+    tls_nginx: NginxServer,
+    certificates: Certificates,
+    mount: Callable[..., Mounted],
+    no_trust_env: None,
+) -> None:
+    refs = write_refs(tmp_path, f"{tls_nginx.https_url}/bucket/data.bin")
+    options = json.dumps({"https": {"ca_bundle": str(certificates.ca)}})
+    mounted = mount(refs, "--fetch-workers", "1", "--remote-options", options)
+    assert_reads(mounted)

@@ -20,6 +20,7 @@ A certificate that fails verification is a final error naming the host and OpenS
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import ssl
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 #: The remote option naming a CA bundle (a PEM file) for a protocol or host.
 OPTION = "ca_bundle"
@@ -181,12 +184,25 @@ def openssl_reason(exc: ssl.SSLCertVerificationError) -> str:
 def fsspec_options(protocol: str, options: Mapping[str, Any], trust: Trust) -> dict[str, Any]:
     """fsspec storage options that verify against ``trust``: an SSL context for the
     HTTP filesystem (aiohttp takes it per request), one CA file for s3fs (botocore's
-    ``verify``); a ``verify`` or ``ssl`` the user gave stays as given."""
+    ``verify``).  A ``verify`` or ``ssl`` the user gave stays as given (such options
+    keep the protocol on fsspec); one that turns verification off says so in the log,
+    once per mount and scope."""
     options = dict(options)
     if protocol in ("http", "https"):
         options.setdefault("ssl", trust.context())
+        given = options["ssl"]
     elif protocol in ("s3", "s3a"):
         client_kwargs = dict(options.get("client_kwargs") or {})
         client_kwargs.setdefault("verify", trust.ca_file())
         options["client_kwargs"] = client_kwargs
+        given = client_kwargs["verify"]
+    else:
+        return options
+    if given is False:
+        log.warning(
+            "%s: the remote options turn certificate verification OFF (%s: false): any "
+            "server can answer for these hosts",
+            protocol,
+            "ssl" if protocol.startswith("http") else "client_kwargs.verify",
+        )
     return options

@@ -20,7 +20,8 @@ and redirects (each redirected URL is remembered and asked there directly).  TLS
 (:mod:`refmount.fetch.http.tls`) that decrypts into the same buffers; ``s3://`` requests
 are addressed and signed by :mod:`refmount.fetch.http.s3` and
 :mod:`refmount.fetch.http.sigv4`.  In the daemon a cold 256 KiB chunk over https cost
-0.80 ms of CPU this way against 1.60 ms through obstore's threads (issue 28, README).
+0.80 ms of CPU this way against 1.60 ms through obstore's threads at load 2, 1.0-1.15
+against 1.4-1.85 ms at load 8-13 (issue 28, ``bench/README.md``).
 
 An answer is data only when it is exactly what was asked (the same checks as
 ``obstore_backend``): a 206 whose ``Content-Range`` starts at the asked byte and ends at

@@ -484,3 +484,27 @@ def test_https_through_fetch_workers_trusts_the_ca_bundle(
     options = json.dumps({"https": {"ca_bundle": str(certificates.ca)}})
     mounted = mount(refs, "--fetch-workers", "1", "--remote-options", options)
     assert_reads(mounted)
+
+
+@pytest.mark.parametrize("anon", [False, True], ids=["signed", "anonymous"])
+def test_s3_requests_as_sent(anon: bool, raw_server: Callable[[Answer], RawServer]) -> None:
+    server = raw_server(lambda head: (ranged_answer(head), True))
+    options: dict[str, object] = {
+        "endpoint_url": f"http://{HOST}:{server.port}",
+        "region": "eu-north-1",
+    }
+    options.update({"anon": True} if anon else {"key": "AKID", "secret": "s", "token": "t"})
+    reader = Fetcher(remote_options={"s3": options}, policy=FetchPolicy(retries=0))
+    assert trio.run(reader.fetch, "s3://bkt/dir/a b.nc", 5, 105) == DATA[5:105]
+    reader.close()
+    lines = server.requests[0].decode().split("\r\n")
+    headers = {k.lower(): v for k, _, v in (line.partition(": ") for line in lines[1:])}
+    assert lines[0] == "GET /bkt/dir/a%20b.nc HTTP/1.1"  # path-style, key encoded
+    assert headers["host"] == f"{HOST}:{server.port}" and headers["range"] == "bytes=5-104"
+    if anon:
+        assert not any(name.startswith("x-amz") or name == "authorization" for name in headers)
+        return
+    assert headers["x-amz-content-sha256"] == EMPTY_SHA256
+    assert headers["x-amz-security-token"] == "t"
+    credential = f"Credential=AKID/{headers['x-amz-date'][:8]}/eu-north-1/s3/aws4_request"
+    assert headers["authorization"].startswith(f"AWS4-HMAC-SHA256 {credential}, ")

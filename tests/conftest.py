@@ -26,6 +26,7 @@ from tests.support.mounting import (  # noqa: F401
     unmount,
 )
 from tests.support.nginx import NginxServer
+from tests.support.rawserver import Answer, RawServer
 from tests.support.remote_files import Remote
 from tests.support.servers import MotoServer, RangeServer
 
@@ -80,6 +81,20 @@ def http(http_server: RangeServer) -> Iterator[RangeServer]:
     http_server.reset_stats()
     yield http_server
     http_server.clear_faults()
+
+
+@pytest.fixture
+def raw_server() -> Iterator[Callable[[Answer], RawServer]]:
+    """``raw_server(answer)`` starts a :class:`RawServer` on 127.0.0.1, closed after."""
+    servers: list[RawServer] = []
+
+    def start(answer: Answer) -> RawServer:
+        servers.append(RawServer(answer))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
 
 
 @pytest.fixture(scope="session")

@@ -44,6 +44,7 @@ from refmount.workers.fetching import FetchWorkers
 
 if TYPE_CHECKING:
     from refmount.decode import DecodedReads
+    from refmount.netcdf.reads import NetcdfReads
 
 log = logging.getLogger(__name__)
 
@@ -348,24 +349,33 @@ def load_refset(config: Config, progress: Callable[[str, int, int], None] | None
         allow_local=config.allow_local,
         timeout=config.timeout,
         progress=progress,
-        rank0_chunk_keys=config.decode,
+        rank0_chunk_keys=config.decode or config.netcdf,
         **options,
     )
 
 
 def _reads(
     config: Config, cache: BlockCache
-) -> tuple[BlockCache | DecodedReads, Callable[[RefSet], RefSet], WorkerPool | None]:
+) -> tuple[BlockCache | DecodedReads | NetcdfReads, Callable[[RefSet], RefSet], WorkerPool | None]:
     """What reads serve, and what a loaded set is presented as: the raw set through the
     block cache, or with ``--decode`` its decoded view through a decoder on top of it,
-    decoding in the daemon's worker processes."""
-    if not config.decode:
+    decoding in the daemon's worker processes, or with ``--netcdf`` the netCDF view's
+    files assembled from the decoded view's chunks."""
+    if not (config.decode or config.netcdf):
         return cache, lambda refset: refset, None
     from refmount.decode import DecodedReads  # numpy and numcodecs: only when asked
 
     workers = decode_workers(config)
-    decoded = DecodedReads(cache, workers, fixed_strings=config.decode_strings == "fixed")
-    return decoded, decoded.view, workers
+    fixed = config.netcdf or config.decode_strings == "fixed"  # netCDF: char arrays
+    decoded = DecodedReads(cache, workers, fixed_strings=fixed)
+    if not config.netcdf:
+        return decoded, decoded.view, workers
+    from refmount.netcdf.options import default_name
+    from refmount.netcdf.reads import NetcdfReads
+
+    name = config.netcdf_name or default_name(config.refs)
+    files = NetcdfReads(decoded, name, config.netcdf_format)
+    return files, files.view, workers
 
 
 def decode_workers(config: Config) -> WorkerPool:
@@ -377,7 +387,7 @@ def decode_workers(config: Config) -> WorkerPool:
 def _mount_state(
     config: Config,
     fetcher: Fetcher,
-    reads: BlockCache | DecodedReads,
+    reads: BlockCache | DecodedReads | NetcdfReads,
     keys: Callable[[], int | None],
     catalog: Callable[[], dict[str, Any]] | None = None,
 ) -> MountState:

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from refmount.options import Config
 
 #: ``--netcdf-format``: ``auto`` is CDF-2 (64-bit offset) unless a variable needs CDF-5.
 FORMAT_CHOICES = ("auto", "classic", "64bit-offset", "cdf5")
@@ -47,3 +51,12 @@ def default_name(refs: str) -> str:
     last = refs.split("?", 1)[0].rstrip("/").rpartition("/")[2]
     stem = last.split(".", 1)[0]
     return stem if _NAME.fullmatch(stem) else "dataset"
+
+
+def root_name(config: Config) -> str:
+    """The name of a set's root file without ``.nc``: ``--netcdf-name``, else a version's
+    name (``--versions``: ``branches/main/main.nc``), else REFS's (a catalog's set's)."""
+    version = config.branch or config.tag or config.snapshot
+    if config.versions and version:
+        return version if _NAME.fullmatch(version) else "dataset"
+    return config.netcdf_name or default_name(config.refs)

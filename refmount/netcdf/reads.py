@@ -47,10 +47,9 @@ Chunk = np.ndarray | None  # None: the set has no such chunk (its fill value)
 class NetcdfReads:
     """Reads through ``decoded``, serving the files of netCDF views it made."""
 
-    def __init__(self, decoded: DecodedReads, name: str, choice: str) -> None:
+    def __init__(self, decoded: DecodedReads, choice: str) -> None:
         self.decoded = decoded
         self.blocks = decoded.blocks
-        self.name = name
         self.choice = choice
         self._views: weakref.WeakValueDictionary[int, NetcdfRefSet] = weakref.WeakValueDictionary()
         self._serials = itertools.count()
@@ -58,9 +57,9 @@ class NetcdfReads:
         self._ahead_limit = trio.Semaphore(AHEAD_TASKS)
         self._counters = dict.fromkeys(("netcdf_reads", "netcdf_bytes", "netcdf_read_ahead"), 0)
 
-    def view(self, raw: RefSet) -> NetcdfRefSet:
-        """The netCDF view of ``raw``, whose files this reads."""
-        view = NetcdfRefSet(self.decoded.view(raw), next(self._serials), self.name, self.choice)
+    def view(self, raw: RefSet, name: str) -> NetcdfRefSet:
+        """The netCDF view of ``raw``, whose files this reads; ``name.nc`` its root's."""
+        view = NetcdfRefSet(self.decoded.view(raw), next(self._serials), name, self.choice)
         self._views[view.serial] = view
         return view
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import scipy.io
 
-from tests.support.mounting import REPO, Mounted
+from tests.support.mounting import REFMOUNT, REPO, Mounted, child_env
 
 AIR = REPO / "examples" / "air"
 VARIABLES = ("air", "lat", "lon", "time")
@@ -167,6 +167,8 @@ def typed_set(directory: Path, *, inexact: bool = False) -> tuple[Path, dict[str
         "sparse/0.0": chunk(np.array([0, 1], "<f4")),
         "sparse/0.1": chunk(np.array([2, 0], "<f4")),
         "sparse/1.1": chunk(np.array([5, 0], "<f4")),  # 1.0 absent: the fill value
+        "cplx/.zarray": zarray([2], [2], "<c8"),  # no netCDF type: left out, named
+        "cplx/0": chunk(np.array([1 + 2j, 3], "<c8")),
     }
     path = directory / "types.json"
     path.write_text(json.dumps({"version": 1, "refs": refs}))
@@ -187,7 +189,8 @@ def test_every_type_reads_as_written_in_cdf2_and_cdf5(
     mount: Callable[..., Mounted], tmp_path: Path
 ) -> None:
     refs, expected = typed_set(tmp_path)
-    two = mount(refs, "--netcdf").mountpoint / "types.nc"
+    mounted = mount(refs, "--netcdf")
+    two = mounted.mountpoint / "types.nc"
     five = mount(refs, "--netcdf", "--netcdf-format", "cdf5").mountpoint / "types.nc"
     with netCDF4.Dataset(two) as ds:
         ds.set_auto_maskandscale(False)
@@ -206,6 +209,8 @@ def test_every_type_reads_as_written_in_cdf2_and_cdf5(
         assert ds["crs"].dimensions == () and ds["crs"][...] == 7
         assert ds["crs"].grid_mapping_name == "latitude_longitude"
         assert np.array_equal(ds["sparse"][:], expected["sparse"])
+        assert sorted(ds.variables) == sorted(expected)  # cplx left out
+    assert "array 'cplx' is left out" in mounted.log()
     with netCDF4.Dataset(two) as ds:  # unsigned as readers unpack it
         unpacked = np.where(expected["level"] == 65535, 0, expected["level"])
         assert np.array_equal(ds["level"][:].filled(0), unpacked)
@@ -266,3 +271,24 @@ def test_netcdf_format_classic_and_a_name(mount: Callable[..., Mounted]) -> None
     with scipy.io.netcdf_file(path, mmap=False) as f, netCDF4.Dataset(AIR / "air.nc") as o:
         assert f.version_byte == 1
         assert np.array_equal(f.variables["air"][:], o["air"][:])
+
+
+def test_check_netcdf_names_what_is_left_out(tmp_path: Path) -> None:
+    refs, _ = typed_set(tmp_path)
+    done = subprocess.run(
+        [*REFMOUNT, "check", "--netcdf", "--json", str(refs)],
+        capture_output=True, text=True, timeout=120, env=child_env(),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    (made,) = report["netcdf"]["files"]
+    assert made["name"] == "types.nc" and made["format"] == "64bit-offset"
+    assert sorted(made["variables"]) == ["code", "count", "crs", "flag", "level", "sparse", "when"]
+    assert list(report["netcdf"]["left_out"]) == ["cplx"]
+    assert [p["kind"] for p in report["problems"]] == ["netcdf"]
+    assert "cplx: left out of the file: complex values" in report["problems"][0]["message"]
+    five = subprocess.run(
+        [*REFMOUNT, "check", "--netcdf", "--netcdf-format", "cdf5", str(refs)],
+        capture_output=True, text=True, timeout=120, env=child_env(),
+    )  # fmt: skip
+    assert "types.nc" in five.stdout and "cdf5: " in five.stdout

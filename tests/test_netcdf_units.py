@@ -1,0 +1,107 @@
+"""The netCDF view's parts without a mount: the header against the one scipy writes for
+the same metadata, layouts each format cannot hold, and element runs as boxes."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.io
+
+from refmount.decode.arrays import parse_zarray
+from refmount.errors import FetchError
+from refmount.netcdf.boxes import boxes, chunk_indices, overlap
+from refmount.netcdf.header import NC_DOUBLE, NC_INT, Header, LayoutError, Variable, lay_out
+from refmount.netcdf.model import _file
+from refmount.netcdf.types import attribute
+
+
+def zarray(shape: list[int], chunks: list[int], dtype: str) -> bytes:
+    meta = {
+        "zarr_format": 2, "shape": shape, "chunks": chunks, "dtype": dtype,
+        "compressor": None, "filters": None, "order": "C", "fill_value": None,
+    }  # fmt: skip
+    return json.dumps(meta).encode()
+
+
+def test_the_header_is_byte_for_byte_the_one_scipy_writes(tmp_path: Path) -> None:
+    arrays = [
+        ("mask", parse_zarray(zarray([5, 3], [2, 2], "|i1")), {"_ARRAY_DIMENSIONS": ["time", "x"]}),
+        (
+            "t",
+            parse_zarray(zarray([5, 3], [5, 3], "<i2")),
+            {"_ARRAY_DIMENSIONS": ["time", "x"], "units": "K", "scale": 0.1, "n": [1, 2]},
+        ),
+        ("time", parse_zarray(zarray([5], [5], "<f8")), {"_ARRAY_DIMENSIONS": ["time"]}),
+    ]  # in the order scipy writes them (by shape, largest first)
+    for version, choice in ((1, "classic"), (2, "64bit-offset")):
+        made, left_out = _file("x.nc", {"title": "héllo", "year": 2026}, arrays, choice)
+        assert not left_out
+        path = tmp_path / f"scipy{version}.nc"
+        with scipy.io.netcdf_file(path, "w", version=version) as f:
+            f.title = "héllo".encode()
+            f.year = np.int32(2026)
+            f.createDimension("time", 5)
+            f.createDimension("x", 3)
+            f.createVariable("mask", "i1", ("time", "x"))
+            t = f.createVariable("t", "i2", ("time", "x"))
+            t.units = b"K"
+            t.scale = np.array([0.1], "f8")  # a Python float scipy writes as float
+            t.n = np.array([1, 2], "i4")
+            f.createVariable("time", "f8", ("time",))
+        written = path.read_bytes()
+        assert made.text == written[: len(made.text)], version
+        assert made.size == len(written)
+
+
+def test_a_format_that_cannot_hold_the_data_names_the_variable() -> None:
+    big = [1 << 20, 1 << 11]  # 8 GiB of doubles
+    arrays = [
+        ("big", parse_zarray(zarray(big, [1024, 1024], "<f8")), {"_ARRAY_DIMENSIONS": ["a", "b"]}),
+        ("after", parse_zarray(zarray([2], [2], "<f8")), {}),
+    ]
+    with pytest.raises(FetchError, match="variable 'big' of 17179869184 bytes needs CDF-5"):
+        _file("x.nc", {}, arrays, "64bit-offset")
+    made, _ = _file("x.nc", {}, arrays, "auto")
+    assert made.header.version == 5 and made.size > 1 << 34
+    header = Header(1, [], [], [Variable("v", (), NC_INT, (), begin=0)])
+    header.variables[0].shape = (1 << 29,)  # 2 GiB: the next begin is past CDF-1's offsets
+    header.variables.append(Variable("w", (), NC_DOUBLE, ()))
+    with pytest.raises(LayoutError, match="variable 'w' starts at byte"):
+        lay_out(header)
+
+
+def test_attributes_keep_their_types() -> None:
+    assert attribute("a", 3, cdf5=False).nc_type == NC_INT
+    assert attribute("a", 1 << 40, cdf5=False).nc_type == NC_DOUBLE
+    assert attribute("a", (1 << 53) + 1, cdf5=False).values == b"9007199254740993"
+    assert attribute("a", [0.5, "NaN"], cdf5=False).values.tolist()[0] == 0.5  # type: ignore[union-attr]
+    assert attribute("a", {"k": 1}, cdf5=False).values == b'{"k": 1}'
+
+
+def test_a_run_of_elements_is_its_boxes_in_order() -> None:
+    rng = random.Random(30)
+    for _ in range(500):
+        shape = tuple(rng.randint(1, 6) for _ in range(rng.randint(0, 4)))
+        count = int(np.prod(shape, dtype=np.int64))
+        first = rng.randrange(count)
+        last = rng.randint(first + 1, count)
+        numbers = np.arange(count).reshape(shape)
+        found = []
+        for start, stop in boxes(shape, first, last):
+            where = tuple(slice(a, b) for a, b in zip(start, stop, strict=True))
+            found += numbers[where].ravel().tolist()
+        assert found == list(range(first, last)), (shape, first, last)
+        assert len(boxes(shape, first, last)) <= max(1, 2 * len(shape) - 1)
+        chunks = tuple(rng.randint(1, 4) for _ in shape)
+        for box in boxes(shape, first, last):
+            covered = np.zeros([b - a for a, b in zip(*box, strict=True)], bool)
+            for index in chunk_indices(box, chunks):
+                into, out_of = overlap(box, index, chunks)
+                assert not covered[into].any()
+                covered[into] = True
+                assert all(s.stop - s.start > 0 for s in out_of)
+            assert covered.all()

@@ -12,29 +12,16 @@ from pathlib import Path
 
 import netCDF4
 import numpy as np
-import pytest
 
 from tests.data_builders import kerchunk_refs
 from tests.support.icechunk_repos import (
     Built,
-    build_repository,
     native_values,
     open_local,
     read_in_process,
     write_native,
 )
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    return build_repository(tmp_path_factory.mktemp("icechunk"))
-
-
-@pytest.fixture
-def copy(built: Built, tmp_path: Path) -> Built:
-    root = tmp_path / "repo"
-    shutil.copytree(built.root, root)
-    return Built(root, built.data, built.netcdf, built.first, built.second, built.dev)
+from tests.test_icechunk import built, copy  # noqa: F401 - fixtures
 
 
 def values(path: Path) -> dict[str, np.ndarray]:
@@ -48,7 +35,7 @@ def native_in(path: Path) -> np.ndarray:
         return ds["native"][:]
 
 
-def test_a_repository_is_a_file_per_group_with_arrays(built: Built, mount) -> None:
+def test_a_repository_is_a_file_per_group_with_arrays(built: Built, mount) -> None:  # noqa: F811
     m = mount(built.root, "--netcdf")
     assert sorted(os.listdir(m.mountpoint)) == ["repo.forecast.nc", "repo.nc"]
     served = values(m.mountpoint / "repo.nc")
@@ -62,7 +49,7 @@ def test_a_repository_is_a_file_per_group_with_arrays(built: Built, mount) -> No
     assert list(values(m.mountpoint / "repo.forecast.nc")["wind"]) == [0, 1, 2, 3]
 
 
-def test_versions_are_files_and_a_commit_swaps_main(copy: Built, mount) -> None:
+def test_versions_are_files_and_a_commit_swaps_main(copy: Built, mount) -> None:  # noqa: F811
     m = mount(copy.root, "--versions", "--netcdf")
     root = m.mountpoint
     assert sorted(os.listdir(root / "branches")) == ["dev", "main"]
@@ -83,7 +70,7 @@ def test_versions_are_files_and_a_commit_swaps_main(copy: Built, mount) -> None:
     np.testing.assert_array_equal(native_in(root / "tags/v1/v1.nc"), native_values(1))
 
 
-def test_a_catalog_holds_one_file_per_set(copy: Built, mount, tmp_path: Path) -> None:
+def test_a_catalog_holds_one_file_per_set(copy: Built, mount, tmp_path: Path) -> None:  # noqa: F811
     catalog = tmp_path / "catalog"
     catalog.mkdir()
     shutil.move(copy.root, catalog / "archive")

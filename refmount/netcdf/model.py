@@ -15,6 +15,7 @@ classic has no place for, are left out of the file, logged and listed by
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass, field
@@ -87,6 +88,10 @@ class NcFile:
     @property
     def size(self) -> int:
         return self.header.size
+
+    @functools.cached_property
+    def begins(self) -> list[int]:
+        return [variable.begin for variable in self.header.variables]
 
 
 @dataclass

@@ -22,6 +22,7 @@ import errno
 import itertools
 import logging
 import weakref
+from collections.abc import Iterator
 
 import numpy as np
 import trio
@@ -29,6 +30,7 @@ import trio
 from refmount.decode.reads import DecodedReads
 from refmount.errors import FetchError
 from refmount.netcdf.boxes import boxes, chunk_indices, overlap
+from refmount.netcdf.header import Variable
 from refmount.netcdf.model import NcFile, Source
 from refmount.netcdf.view import SCHEME, NetcdfRefSet
 from refmount.refs.model import Checksum, RefSet
@@ -93,17 +95,12 @@ class NetcdfReads:
 
     # -- assembling -----------------------------------------------------------------------
 
-    async def _assemble(self, view: NetcdfRefSet, made: NcFile, start: int, end: int) -> bytes:
+    async def _assemble(self, view: NetcdfRefSet, made: NcFile, start: int, end: int) -> memoryview:
         out = bytearray(end - start)
         header = made.text
         if start < len(header):
             out[: min(end, len(header)) - start] = header[start:end]
-        variables = made.header.variables
-        begins = [v.begin for v in variables]
-        at = max(0, bisect.bisect_right(begins, start) - 1)
-        for variable, source in zip(variables[at:], made.sources[at:], strict=True):
-            if variable.begin >= end:
-                break
+        for variable, source in _overlapping(made, start, end):
             data_end = variable.begin + variable.data_size
             low, high = max(start, variable.begin), min(end, data_end)
             if low < high:
@@ -118,9 +115,11 @@ class NetcdfReads:
                 out[pad_low - start : pad_high - start] = _padding(source, variable.vsize)[
                     pad_low - data_end : pad_high - data_end
                 ]
-        return bytes(out)
+        return memoryview(out)
 
-    async def _values(self, view: NetcdfRefSet, source: Source, first: int, last: int) -> bytes:
+    async def _values(
+        self, view: NetcdfRefSet, source: Source, first: int, last: int
+    ) -> memoryview:
         """Elements ``first`` to ``last`` of a variable, as the file's bytes."""
         runs = boxes(source.shape, first, last)
         wanted = {index for box in runs for index in chunk_indices(box, source.chunks)}
@@ -173,12 +172,7 @@ class NetcdfReads:
 
     def _read_ahead(self, view: NetcdfRefSet, made: NcFile, start: int, end: int) -> None:
         """Start decoding the chunks of bytes ``start`` to ``end`` not asked for yet."""
-        variables = made.header.variables
-        begins = [v.begin for v in variables]
-        at = max(0, bisect.bisect_right(begins, start) - 1)
-        for variable, source in zip(variables[at:], made.sources[at:], strict=True):
-            if variable.begin >= end:
-                return
+        for variable, source in _overlapping(made, start, end):
             low = max(start, variable.begin) - variable.begin
             high = min(end, variable.begin + variable.data_size) - variable.begin
             if low >= high:
@@ -205,10 +199,25 @@ class NetcdfReads:
             log.debug("reading ahead %s failed: %s", source.chunk_key(index), exc)
 
 
+def _overlapping(made: NcFile, start: int, end: int) -> Iterator[tuple[Variable, Source]]:
+    """The variables whose bytes (values and padding) meet ``start`` to ``end``, in file
+    order."""
+    variables = made.header.variables
+    at = max(0, bisect.bisect_right(made.begins, start) - 1)
+    for variable, source in zip(variables[at:], made.sources[at:], strict=True):
+        if variable.begin >= end:
+            return
+        yield variable, source
+
+
 def _padding(source: Source, vsize: int) -> bytes:
     """The bytes after a variable's values up to ``vsize``: its fill value's bytes, as
     the specification asks (at most 3)."""
-    fill = source.kind.convert(np.frombuffer(source.fill, dtype=source.kind.served)[:1])
+    one = np.frombuffer(source.fill, dtype=source.kind.served).copy()
+    try:
+        fill = bytes(source.kind.convert(one))
+    except FetchError:  # a fill value no double holds: pad with zeros
+        fill = b""
     if not fill:
         return b"\0" * 3
     return (fill * 4)[:3] if source.kind.width is None else b"\0" * 3

@@ -74,15 +74,14 @@ class FileType:
             return np.dtype(f"S{self.width}")
         return TYPES[self.nc_type][0]
 
-    def convert(self, values: np.ndarray) -> bytes:
-        """Decoded values as the file's bytes; :class:`FetchError` (EIO) for an integer
-        a double cannot hold exactly."""
-        if self.width is not None:
-            return values.tobytes()
+    def convert(self, values: np.ndarray) -> memoryview:
+        """Decoded values (a writable array this takes: swapped in place) as the file's
+        bytes; :class:`FetchError` (EIO) for an integer a double cannot hold exactly."""
         if self.as_double:
-            return exact_doubles(values).tobytes()
-        same = self.file_dtype.newbyteorder("<")
-        return values.view(same).astype(self.file_dtype).tobytes()
+            values = exact_doubles(values)
+        elif self.width is None and values.itemsize > 1:
+            values.byteswap(inplace=True)
+        return memoryview(np.ascontiguousarray(values)).cast("B")
 
 
 def exact_doubles(values: np.ndarray) -> np.ndarray:
@@ -132,7 +131,7 @@ def fill_attribute(value: Any, kind: FileType) -> Attribute | None:
         served = np.array([number]).astype(kind.served)
         if served[0] != number and not (math.isnan(number) and kind.served.kind == "f"):
             return None
-        data = kind.convert(served)
+        data = bytes(kind.convert(served))
     except (OverflowError, ValueError, FetchError):
         return None
     return Attribute("_FillValue", kind.nc_type, np.frombuffer(data, kind.file_dtype))

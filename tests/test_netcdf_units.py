@@ -105,3 +105,17 @@ def test_a_run_of_elements_is_its_boxes_in_order() -> None:
                 covered[into] = True
                 assert all(s.stop - s.start > 0 for s in out_of)
             assert covered.all()
+
+
+def test_a_dimension_met_with_another_length_is_renamed(caplog: pytest.LogCaptureFixture) -> None:
+    arrays = [
+        ("a", parse_zarray(zarray([3], [3], "<f4")), {"_ARRAY_DIMENSIONS": ["x"]}),
+        ("b", parse_zarray(zarray([4, 2], [4, 2], "<f4")), {"_ARRAY_DIMENSIONS": ["x", "y"]}),
+        ("c", parse_zarray(zarray([4], [4], "<f4")), {"_ARRAY_DIMENSIONS": ["x"]}),
+        ("d", parse_zarray(zarray([2, 2], [2, 2], "<f4")), {}),
+    ]
+    made, _ = _file("x.nc", {}, arrays, "auto")
+    dimensions = [(d.name, d.length) for d in made.header.dimensions]
+    assert dimensions == [("x", 3), ("x_4", 4), ("y", 2), ("d_dim0", 2), ("d_dim1", 2)]
+    assert [v.dimids for v in made.header.variables] == [(0,), (1, 2), (1,), (3, 4)]
+    assert "dimension 'x' has another length elsewhere; here it is 'x_4'" in caplog.text

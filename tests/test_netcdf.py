@@ -16,6 +16,7 @@ import os
 import random
 import shutil
 import subprocess
+import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -292,3 +293,27 @@ def test_check_netcdf_names_what_is_left_out(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120, env=child_env(),
     )  # fmt: skip
     assert "types.nc" in five.stdout and "cdf5: " in five.stdout
+
+
+def test_a_reload_swaps_the_file_and_an_open_file_keeps_its_bytes(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    refs, _ = typed_set(tmp_path)
+    mounted = mount(refs, "--netcdf")
+    path = mounted.mountpoint / "types.nc"
+    with open(path, "rb") as opened:
+        before = opened.read()
+        document = json.loads(refs.read_text())
+        document["refs"]["crs/0"] = chunk(np.array(8, "<i4"))
+        document["refs"]["note/.zarray"] = zarray([2], [2], "<f8")
+        document["refs"]["note/0"] = chunk(np.array([1.5, 2.5], "<f8"))
+        refs.write_text(json.dumps(document))
+        mounted.process.send_signal(1)  # SIGHUP: reload
+        deadline = time.monotonic() + 60
+        while path.stat().st_size == len(before):
+            assert time.monotonic() < deadline, mounted.log()
+            time.sleep(0.1)
+        opened.seek(0)
+        assert opened.read() == before  # the file it opened
+    with netCDF4.Dataset(path) as ds:
+        assert ds["crs"][...] == 8 and list(ds["note"][:]) == [1.5, 2.5]

@@ -81,3 +81,11 @@ def test_r_ncdf4_reads_every_variable(served: Path, tmp_path: Path) -> None:
         )
         run("Rscript", "-e", script)
         assert np.array_equal(np.fromfile(out, "<f8"), expected[name]), name
+
+
+def test_gdal_translates_every_band_of_air(mount: Callable[..., Mounted], tmp_path: Path) -> None:
+    mounted = mount(AIR / "refs.json", "-o", "netcdf,netcdf_name=air")  # as fstab says it
+    out = tmp_path / "air.envi"  # raw little-endian float32, band after band
+    source = f'NETCDF:"{mounted.mountpoint}/air.nc":air'
+    run("gdal_translate", "-q", "-of", "ENVI", source, str(out))
+    assert np.array_equal(np.fromfile(out, "<f4").astype("f8"), original()["air"])

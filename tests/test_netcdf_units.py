@@ -119,3 +119,10 @@ def test_a_dimension_met_with_another_length_is_renamed(caplog: pytest.LogCaptur
     assert dimensions == [("x", 3), ("x_4", 4), ("y", 2), ("d_dim0", 2), ("d_dim1", 2)]
     assert [v.dimids for v in made.header.variables] == [(0,), (1, 2), (1,), (3, 4)]
     assert "dimension 'x' has another length elsewhere; here it is 'x_4'" in caplog.text
+
+
+def test_the_options_name_every_format() -> None:
+    from refmount.netcdf.header import FORMATS
+    from refmount.netcdf.options import FORMAT_CHOICES
+
+    assert ("auto", *FORMATS) == FORMAT_CHOICES  # options load no numpy: named twice

@@ -43,8 +43,6 @@ from refmount.netcdf.types import FileType, TypeRefused, attribute, file_type, f
 log = logging.getLogger(__name__)
 
 ZARRAY, ZATTRS = ".zarray", ".zattrs"
-#: ``--netcdf-format``'s choices: ``auto`` is CDF-2 unless a variable's size needs CDF-5.
-CHOICES = ("auto", *FORMATS)
 
 
 def _join(path: str, name: str) -> str:
@@ -242,7 +240,7 @@ class _Builder:
         if not isinstance(meta["dtype"], str):
             raise TypeRefused("records have no netCDF classic type")
         served = np.dtype(meta["dtype"])
-        boolean = meta_dtype(array) == "|b1"
+        boolean = array.meta.get("dtype") == "|b1"  # v3 arrays are presented with theirs
         kind = file_type(served, boolean=boolean, cdf5=self.cdf5)
         name = path.rpartition("/")[2]
         shape = () if array.scalar else tuple(meta["shape"])
@@ -289,11 +287,6 @@ class _Builder:
         return out
 
 
-def meta_dtype(array: Array) -> Any:
-    """The stored dtype a ``.zarray`` names (v3 arrays are presented with theirs)."""
-    return array.meta.get("dtype")
-
-
 def _absent_fill(zarr_fill: Any, attribute_fill: Any, kind: FileType) -> bytes:
     """One value, as served, for the elements of a chunk the set does not have: the
     ``.zarray``'s fill value, else ``_FillValue``, else netCDF's default fill of the
@@ -316,4 +309,4 @@ def _absent_fill(zarr_fill: Any, attribute_fill: Any, kind: FileType) -> bytes:
     return bytes(served.itemsize)
 
 
-__all__ = ["CHOICES", "Files", "NcFile", "Source", "build", "file_key", "groups"]
+__all__ = ["Files", "NcFile", "Source", "build", "file_key", "groups"]

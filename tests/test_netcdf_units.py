@@ -126,3 +126,37 @@ def test_the_options_name_every_format() -> None:
     from refmount.netcdf.options import FORMAT_CHOICES
 
     assert ("auto", *FORMATS) == FORMAT_CHOICES  # options load no numpy: named twice
+
+
+def test_reads_at_any_offset_equal_the_same_bytes_of_the_file_read_whole(tmp_path: Path) -> None:
+    """Byte-exact offsets and lengths (a mount's page cache aligns them to pages): every
+    range across the header, values and padding assembles as the whole file has it."""
+    import trio
+
+    from refmount.cache import BlockCache
+    from refmount.decode.reads import DecodedReads
+    from refmount.fetch import Fetcher
+    from refmount.netcdf.reads import NetcdfReads
+    from refmount.refs import open_refset
+    from refmount.workers import InProcessRunner
+    from tests.test_netcdf import typed_set
+
+    refs, _ = typed_set(tmp_path)  # every chunk inline: nothing is fetched
+    blocks = BlockCache(Fetcher(), budget=64 << 20)
+    reads = NetcdfReads(DecodedReads(blocks, InProcessRunner(2), fixed_strings=True), "auto")
+    view = reads.view(open_refset(str(refs), rank0_chunk_keys=True), "types")
+    rng = random.Random(30)
+
+    async def main() -> None:
+        file_id = await view.find_file("types.nc")
+        assert file_id is not None
+        ref = view.ref(file_id)
+        assert ref.url is not None and ref.length is not None
+        whole = bytes(await reads.read_buffer(ref.url, 0, ref.length))
+        assert len(whole) == ref.length and whole[:4] == b"CDF\x02"
+        for _ in range(400):
+            start = rng.randrange(ref.length)
+            end = rng.randint(start + 1, ref.length)
+            assert bytes(await reads.read_buffer(ref.url, start, end)) == whole[start:end]
+
+    trio.run(main)

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Set up this machine for refmount, mount the bundled example reference set twice and read
-# it with netCDF-C's ncdump:
+# Set up this machine for refmount, mount the bundled example reference set three times
+# and read it with netCDF-C's ncdump:
 #   MOUNTPOINT           the raw view (chunks as stored: shuffle + zlib), for zarr, xarray
 #                        and GDAL >= 3.11, which decode them themselves;
 #   MOUNTPOINT-decoded   the decoded view (refmount --decode), for every reader, ncdump
-#                        and GDAL before 3.11 included.
+#                        and GDAL before 3.11 included;
+#   MOUNTPOINT-nc        the netCDF view (refmount --netcdf): the dataset as one netCDF
+#                        classic file, air.nc, for every program that opens a .nc path.
 #   bash examples/quickstart.sh [MOUNTPOINT]      (default /tmp/refmount-air)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 mountpoint="${1:-/tmp/refmount-air}"
 decoded="$mountpoint-decoded"
+nc="$mountpoint-nc"
 bash "$repo/.ci/setup"
-for dir in "$mountpoint" "$decoded"; do
+for dir in "$mountpoint" "$decoded" "$nc"; do
   mkdir -p "$dir"
   if grep -qs " $(realpath "$dir") " /proc/mounts; then
     fusermount3 -u "$dir"
@@ -19,6 +22,7 @@ for dir in "$mountpoint" "$decoded"; do
 done
 "$repo/.venv/bin/refmount" "$repo/examples/air/refs.json" "$mountpoint"
 "$repo/.venv/bin/refmount" --decode "$repo/examples/air/refs.json" "$decoded"
+"$repo/.venv/bin/refmount" --netcdf --netcdf-name air "$repo/examples/air/refs.json" "$nc"
 echo "Mounted examples/air/refs.json on $mountpoint:"
 ls -lAR "$mountpoint"
 echo
@@ -38,4 +42,7 @@ else
   exit 1
 fi
 echo
-echo "Unmount with: fusermount3 -u $mountpoint; fusermount3 -u $decoded"
+echo "and as one netCDF file on $nc: ncdump -h $nc/air.nc"
+ncdump -h "$nc/air.nc"
+echo
+echo "Unmount with: fusermount3 -u $mountpoint; fusermount3 -u $decoded; fusermount3 -u $nc"

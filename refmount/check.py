@@ -33,6 +33,9 @@ from refmount.refs import Ref, RefSet, open_refset
 if TYPE_CHECKING:
     from refmount.decode.survey import ArrayNote
 
+#: A string array of the netCDF view (:data:`refmount.netcdf.survey.STRINGS`).
+STRINGS_NOTE = "char array, as wide as its longest value when mounted"
+
 
 @dataclass
 class Problem:
@@ -77,6 +80,8 @@ class Report:
     seed: int | None = None
     #: With ``--decode``: each array and what the decoded view makes of it.
     arrays: list[ArrayNote] | None = None
+    #: With ``--netcdf``: the files, their formats and variables, what is left out.
+    netcdf: dict[str, Any] | None = None
     #: An Icechunk repository's versions, containers and arrays by chunk kind.
     icechunk: dict[str, Any] | None = None
 
@@ -106,6 +111,9 @@ class CheckOptions:
     retries: int = 3
     decode: bool = False
     decode_strings: str = "omit"
+    netcdf: bool = False
+    netcdf_format: str = "auto"
+    netcdf_name: str | None = None
     icechunk: bool = False
     branch: str | None = None
     tag: str | None = None
@@ -125,7 +133,7 @@ def _open(options: CheckOptions, progress: Any) -> RefSet:
         allow_local=options.allow_local,
         timeout=options.timeout,
         progress=progress,
-        rank0_chunk_keys=options.decode,
+        rank0_chunk_keys=options.decode or options.netcdf,
     )
 
 
@@ -153,6 +161,12 @@ def check(options: CheckOptions, progress: Any = None) -> Report:
 
                 fixed = options.decode_strings == "fixed"
                 report.arrays = trio.run(partial(survey, refset, fixed_strings=fixed))
+            if options.netcdf:
+                from refmount.netcdf.options import default_name
+                from refmount.netcdf.survey import survey as netcdf_survey
+
+                name = options.netcdf_name or default_name(options.refs)
+                report.netcdf = trio.run(netcdf_survey, refset, name, options.netcdf_format)
         finally:
             refset.close()
         if options.probe:
@@ -161,6 +175,11 @@ def check(options: CheckOptions, progress: Any = None) -> Report:
     for note in report.arrays or []:
         if note.status != "decoded":
             report.problems.append(Problem("decode", f"{note.array}: {note.status}: {note.reason}"))
+    if report.netcdf is not None:
+        if report.netcdf["error"]:
+            report.problems.append(Problem("netcdf", report.netcdf["error"]))
+        for array, why in report.netcdf["left_out"].items():
+            report.problems.append(Problem("netcdf", f"{array}: left out of the file: {why}"))
     for probe in report.probes or []:
         if probe.error is not None:
             report.problems.append(
@@ -364,6 +383,8 @@ def render(report: Report) -> str:
             f"  decoded view      {counts['decoded']:,} arrays decoded, "
             f"{counts['not decoded']:,} not decoded (EIO), {counts['left out']:,} left out"
         )
+    if report.netcdf is not None:
+        lines += _netcdf_lines(report.netcdf)
     if report.probes is not None:
         good = sum(probe.ok for probe in report.probes)
         lines.append(
@@ -376,6 +397,17 @@ def render(report: Report) -> str:
     else:
         lines.append("problems: none")
     return "\n".join(lines)
+
+
+def _netcdf_lines(found: dict[str, Any]) -> list[str]:
+    """The netCDF view's files and their variables."""
+    lines = [f"  netCDF view       {len(found['files']):,} files"]
+    for made in found["files"]:
+        names = ", ".join(made["variables"]) or "-"
+        lines.append(f"    {made['name']:<32} {made['format']}: {names}")
+    for array in found["strings"]:
+        lines.append(f"    {array:<32} {STRINGS_NOTE}")
+    return lines
 
 
 def _icechunk_lines(summary: dict[str, Any]) -> list[str]:

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 
+from refmount.netcdf.options import FORMAT_CHOICES
 from refmount.options import (
     MAX_RETRIES,
     add_icechunk_options,
@@ -102,6 +103,18 @@ def check_parser() -> argparse.ArgumentParser:
         help="the decoded view's --decode-strings to check against (default omit)",
     )
     p.add_argument(
+        "--netcdf",
+        action="store_true",
+        help="also list the netCDF view's files (--netcdf) and the arrays left out of them",
+    )
+    p.add_argument(
+        "--netcdf-format",
+        choices=FORMAT_CHOICES,
+        default="auto",
+        help="the netCDF view's --netcdf-format to check against (default auto)",
+    )
+    p.add_argument("--netcdf-name", metavar="NAME", help="the root group's file is NAME.nc")
+    p.add_argument(
         "--catalog",
         action="store_true",
         help="check REFS as a catalog: every set under it, with a summary (a directory "
@@ -166,6 +179,9 @@ def run_check(argv: list[str]) -> int:
         retries=args.retries,
         decode=args.decode,
         decode_strings=args.decode_strings,
+        netcdf=args.netcdf,
+        netcdf_format=args.netcdf_format,
+        netcdf_name=args.netcdf_name,
         icechunk=args.icechunk
         or (not args.catalog and is_repository(args.refs, args.refs_options)),
         branch=args.branch,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from refmount import header_text
+from refmount.netcdf.options import add_netcdf_options
 
 #: Options for mount(8) or systemd, not for the filesystem; refmount is always ro,nodev,nosuid.
 IGNORED = frozenset(
@@ -104,6 +105,10 @@ class Config:
     decode_deadline: float = 120.0
     decode_memory: int = 6 << 30
     decode_strings: str = "omit"
+    #: The netCDF view (refmount.netcdf.options).
+    netcdf: bool = False
+    netcdf_format: str = "auto"
+    netcdf_name: str | None = None
     catalog: bool = False
     catalog_ttl: float = 60.0
     max_loaded_sets: int = 64
@@ -484,6 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
         "dies on a tree holding one) or 'fixed' (fixed-width bytes |S<n>, for GDAL, zarr "
         "and newer netCDF-C)",
     )
+    add_netcdf_options(p)
     g = p.add_argument_group("logging and life cycle")
     g.add_argument(
         "--log-level",

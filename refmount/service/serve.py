@@ -44,6 +44,7 @@ from refmount.workers.fetching import FetchWorkers
 
 if TYPE_CHECKING:
     from refmount.decode import DecodedReads
+    from refmount.netcdf.reads import NetcdfReads
 
 log = logging.getLogger(__name__)
 
@@ -119,12 +120,12 @@ class Daemon:
         cache, disk = _block_cache(config, fetcher, refset.url_extent)
         reads, view, workers = _reads(config, cache)
         owner = Owner(config.uid, config.gid, config.umask)
-        tree = Tree(view(refset), owner, fetcher.size, fetcher.known_size)
+        tree = Tree(view(refset, config), owner, fetcher.size, fetcher.known_size)
         operations = Operations(tree, reads, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
         state = _mount_state(config, fetcher, reads, lambda: _key_count(operations.tree.refset))
         state.version = lambda: _raw(operations.tree.refset).source_version()
         control = _serve_state(operations, state, config)
-        load = lambda config: view(load_refset(config))  # noqa: E731
+        load = lambda config: view(load_refset(config), config)  # noqa: E731
         return cls(
             config,
             operations,
@@ -146,7 +147,7 @@ class Daemon:
         owner = Owner(config.uid, config.gid, config.umask)
         # Sets load only once the mount is served, after ``view`` is bound below.
         catalog, tree = open_catalog(
-            config, fetcher, owner, lambda config: view(load_refset(config))
+            config, fetcher, owner, lambda config: view(load_refset(config), config)
         )
         cache, disk = _block_cache(config, fetcher, catalog.url_extent)
         reads, view, workers = _reads(config, cache)
@@ -348,24 +349,37 @@ def load_refset(config: Config, progress: Callable[[str, int, int], None] | None
         allow_local=config.allow_local,
         timeout=config.timeout,
         progress=progress,
-        rank0_chunk_keys=config.decode,
+        rank0_chunk_keys=config.decode or config.netcdf,
         **options,
     )
 
 
 def _reads(
     config: Config, cache: BlockCache
-) -> tuple[BlockCache | DecodedReads, Callable[[RefSet], RefSet], WorkerPool | None]:
+) -> tuple[
+    BlockCache | DecodedReads | NetcdfReads,
+    Callable[[RefSet, Config], RefSet],
+    WorkerPool | None,
+]:
     """What reads serve, and what a loaded set is presented as: the raw set through the
     block cache, or with ``--decode`` its decoded view through a decoder on top of it,
-    decoding in the daemon's worker processes."""
-    if not config.decode:
-        return cache, lambda refset: refset, None
+    decoding in the daemon's worker processes, or with ``--netcdf`` the netCDF view's
+    files assembled from the decoded view's chunks.  What a set is presented as may
+    depend on its configuration (``config.refs`` names a catalog's set, or a version)."""
+    if not (config.decode or config.netcdf):
+        return cache, lambda refset, config: refset, None
     from refmount.decode import DecodedReads  # numpy and numcodecs: only when asked
 
     workers = decode_workers(config)
-    decoded = DecodedReads(cache, workers, fixed_strings=config.decode_strings == "fixed")
-    return decoded, decoded.view, workers
+    fixed = config.netcdf or config.decode_strings == "fixed"  # netCDF: char arrays
+    decoded = DecodedReads(cache, workers, fixed_strings=fixed)
+    if not config.netcdf:
+        return decoded, lambda refset, config: decoded.view(refset), workers
+    from refmount.netcdf.options import root_name
+    from refmount.netcdf.reads import NetcdfReads
+
+    files = NetcdfReads(decoded, config.netcdf_format)
+    return files, lambda refset, config: files.view(refset, root_name(config)), workers
 
 
 def decode_workers(config: Config) -> WorkerPool:
@@ -377,7 +391,7 @@ def decode_workers(config: Config) -> WorkerPool:
 def _mount_state(
     config: Config,
     fetcher: Fetcher,
-    reads: BlockCache | DecodedReads,
+    reads: BlockCache | DecodedReads | NetcdfReads,
     keys: Callable[[], int | None],
     catalog: Callable[[], dict[str, Any]] | None = None,
 ) -> MountState:

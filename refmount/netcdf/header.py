@@ -1,0 +1,234 @@
+"""The netCDF classic header (CDF-1, CDF-2, CDF-5) and the layout of the data after it.
+
+What Unidata's "NetCDF File Format Specification" says, for files without record
+variables: the magic ``CDF`` and a version byte, ``numrecs`` (0), the dimension list, the
+global attribute list, the variable list; each variable's ``begin`` is its data's offset,
+in header order, each variable's data padded to 4 bytes (``vsize``).  Everything is
+big-endian.  In CDF-5 counts, lengths and dimension ids are 64-bit; in CDF-1 ``begin`` is
+32-bit.  netCDF-C refuses a layout whose ``begin``s are not increasing and disjoint in
+header order (``NC_check_voffs``): :func:`lay_out` gives each variable the bytes right
+after the previous one's.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+NC_BYTE, NC_CHAR, NC_SHORT, NC_INT, NC_FLOAT, NC_DOUBLE = 1, 2, 3, 4, 5, 6
+NC_UBYTE, NC_USHORT, NC_UINT, NC_INT64, NC_UINT64 = 7, 8, 9, 10, 11
+_DIMENSION, _VARIABLE, _ATTRIBUTE = 0x0A, 0x0B, 0x0C
+
+#: Each type's values in the file (big-endian), and its default fill value.
+TYPES: dict[int, tuple[np.dtype, object]] = {
+    NC_BYTE: (np.dtype("i1"), -127),
+    NC_CHAR: (np.dtype("S1"), b"\0"),
+    NC_SHORT: (np.dtype(">i2"), -32767),
+    NC_INT: (np.dtype(">i4"), -2147483647),
+    NC_FLOAT: (np.dtype(">f4"), 9.9692099683868690e36),
+    NC_DOUBLE: (np.dtype(">f8"), 9.9692099683868690e36),
+    NC_UBYTE: (np.dtype("u1"), 255),
+    NC_USHORT: (np.dtype(">u2"), 65535),
+    NC_UINT: (np.dtype(">u4"), 4294967295),
+    NC_INT64: (np.dtype(">i8"), -9223372036854775806),
+    NC_UINT64: (np.dtype(">u8"), 18446744073709551614),
+}
+CDF5_TYPES = frozenset((NC_UBYTE, NC_USHORT, NC_UINT, NC_INT64, NC_UINT64))
+
+#: The versions by their option names, and each one's limits.
+FORMATS = {"classic": 1, "64bit-offset": 2, "cdf5": 5}
+#: The largest ``begin`` CDF-1 holds, and the largest ``vsize`` and dimension length
+#: CDF-1 and CDF-2 hold (signed 32-bit; 2**32 - 4 for ``vsize`` per the specification).
+MAX_CDF1_BEGIN = (1 << 31) - 1
+MAX_CDF2_VSIZE = (1 << 32) - 4
+MAX_CDF2_LENGTH = (1 << 31) - 1
+
+
+class LayoutError(Exception):
+    """A dataset the asked-for version cannot hold; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """An attribute: ``values`` a 1-d array of its type's values (bytes for NC_CHAR)."""
+
+    name: str
+    nc_type: int
+    values: np.ndarray | bytes
+
+    @property
+    def count(self) -> int:
+        return len(self.values)
+
+    def encoded(self) -> bytes:
+        if self.nc_type == NC_CHAR:
+            assert isinstance(self.values, bytes)
+            return self.values
+        assert isinstance(self.values, np.ndarray)
+        return self.values.astype(TYPES[self.nc_type][0], copy=False).tobytes()
+
+
+@dataclass(frozen=True)
+class Dimension:
+    name: str
+    length: int
+
+
+@dataclass
+class Variable:
+    """A variable of the header; ``begin`` is set by :func:`lay_out`."""
+
+    name: str
+    dimids: tuple[int, ...]
+    nc_type: int
+    shape: tuple[int, ...]
+    attributes: list[Attribute] = field(default_factory=list)
+    begin: int = 0
+
+    @property
+    def itemsize(self) -> int:
+        return TYPES[self.nc_type][0].itemsize
+
+    @property
+    def data_size(self) -> int:
+        """The bytes of the values, before padding."""
+        count = 1
+        for n in self.shape:
+            count *= n
+        return count * self.itemsize
+
+    @property
+    def vsize(self) -> int:
+        """The bytes the variable takes: its values padded to 4 bytes."""
+        return -(-self.data_size // 4) * 4
+
+
+@dataclass
+class Header:
+    version: int
+    dimensions: list[Dimension]
+    attributes: list[Attribute]
+    variables: list[Variable]
+
+    def encoded(self) -> bytes:
+        out = _Writer(self.version)
+        out.raw(b"CDF" + bytes([self.version]))
+        out.count(0)  # numrecs: no record variables
+        out.list(_DIMENSION, self.dimensions, lambda d: (out.name(d.name), out.count(d.length)))
+        out.attributes(self.attributes)
+        out.list(_VARIABLE, self.variables, out.variable)
+        return out.bytes()
+
+    @property
+    def size(self) -> int:
+        """The whole file's size."""
+        if not self.variables:
+            return len(self.encoded())
+        last = self.variables[-1]
+        return last.begin + last.vsize
+
+
+class _Writer:
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self._parts: list[bytes] = []
+        self._count = struct.Struct(">q" if version == 5 else ">i")
+
+    def raw(self, data: bytes) -> None:
+        self._parts.append(data)
+
+    def count(self, n: int) -> None:
+        self._parts.append(self._count.pack(n))
+
+    def tag(self, n: int) -> None:
+        self._parts.append(struct.pack(">i", n))
+
+    def name(self, name: str) -> None:
+        encoded = name.encode("utf-8")
+        self.count(len(encoded))
+        self.raw(encoded + b"\0" * (-len(encoded) % 4))
+
+    def list(self, tag: int, items: list, write: object) -> None:
+        if not items:
+            self.tag(0)
+            self.count(0)
+            return
+        self.tag(tag)
+        self.count(len(items))
+        for item in items:
+            write(item)  # type: ignore[operator]
+
+    def attributes(self, attributes: list[Attribute]) -> None:
+        self.list(_ATTRIBUTE, attributes, self.attribute)
+
+    def attribute(self, attribute: Attribute) -> None:
+        self.name(attribute.name)
+        self.tag(attribute.nc_type)
+        self.count(attribute.count)
+        data = attribute.encoded()
+        self.raw(data + b"\0" * (-len(data) % 4))
+
+    def variable(self, variable: Variable) -> None:
+        self.name(variable.name)
+        self.count(len(variable.dimids))
+        for dimid in variable.dimids:
+            self.count(dimid)
+        self.attributes(variable.attributes)
+        self.tag(variable.nc_type)
+        vsize = variable.vsize
+        if self.version != 5 and vsize > MAX_CDF2_VSIZE:
+            vsize = (1 << 32) - 1  # the specification's value for "too large"
+        self._parts.append(struct.pack(">q" if self.version == 5 else ">I", vsize))
+        self._parts.append(struct.pack(">i" if self.version == 1 else ">q", variable.begin))
+
+    def bytes(self) -> bytes:
+        return b"".join(self._parts)
+
+
+def lay_out(header: Header) -> bytes:
+    """Set each variable's ``begin`` (in header order, right after the header and the
+    variable before) and return the header's bytes; :class:`LayoutError` when the
+    header's version cannot hold the layout."""
+    _check(header)
+    at = len(header.encoded())  # begins are fixed-width: the size does not depend on them
+    for variable in header.variables:
+        variable.begin = at
+        at += variable.vsize
+    if header.version == 1:
+        for variable in header.variables:
+            if variable.begin > MAX_CDF1_BEGIN:
+                raise LayoutError(
+                    f"variable {variable.name!r} starts at byte {variable.begin}, past what "
+                    "netCDF classic (CDF-1) offsets hold"
+                )
+    return header.encoded()
+
+
+def _check(header: Header) -> None:
+    if header.version == 5:
+        return
+    for variable in header.variables:
+        if variable.nc_type in CDF5_TYPES:
+            raise LayoutError(f"variable {variable.name!r}: its type needs CDF-5")
+    for dimension in header.dimensions:
+        if dimension.length > MAX_CDF2_LENGTH:
+            raise LayoutError(
+                f"dimension {dimension.name!r} of length {dimension.length} needs CDF-5"
+            )
+    for variable in header.variables[:-1]:
+        if variable.vsize > MAX_CDF2_VSIZE:
+            raise LayoutError(
+                f"variable {variable.name!r} of {variable.vsize} bytes needs CDF-5 (only the "
+                "last variable of a CDF-1 or CDF-2 file may take 4 GiB or more)"
+            )
+
+
+def fits(header: Header) -> bool:
+    """Whether ``header``'s version holds it."""
+    try:
+        _check(header)
+    except LayoutError:
+        return False
+    return True

@@ -1,0 +1,223 @@
+"""Reading the netCDF view's files: any byte range assembled from the header, the
+decoded chunks it covers, and padding.
+
+What :class:`refmount.fuse_ops.Operations` calls ``cache``: a file of the view
+(:data:`refmount.netcdf.view.SCHEME`) is served here; every other URL goes on to
+:class:`refmount.decode.reads.DecodedReads`, which decodes chunks in the worker
+processes and keeps them under the block cache's one memory budget.
+
+A read maps to the elements it covers (:mod:`refmount.netcdf.boxes`), hence to chunks;
+the chunks are read concurrently as decoded chunks, their elements converted to the
+file's big-endian type.  A chunk that fails fails the read (EIO), never zeros: only a
+chunk the reference set does not have is its fill value.  Each read also starts the
+decoding of the chunks of the next :data:`READ_AHEAD` bytes of the file, so that a
+sequential reader (``cp``, ``cat``, ``ncdump``) finds them decoded, each decoded once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import errno
+import itertools
+import logging
+import weakref
+from collections.abc import Iterator
+
+import numpy as np
+import trio
+
+from refmount.decode.reads import DecodedReads
+from refmount.errors import FetchError
+from refmount.netcdf.boxes import boxes, chunk_indices, overlap
+from refmount.netcdf.header import Variable
+from refmount.netcdf.model import NcFile, Source
+from refmount.netcdf.view import SCHEME, NetcdfRefSet
+from refmount.refs.model import Checksum, RefSet
+
+log = logging.getLogger(__name__)
+
+#: Bytes of the file after a read whose chunks are decoded ahead of the reader.
+READ_AHEAD = 32 << 20
+#: Chunks decoded ahead at once, and chunk keys remembered as already asked ahead.
+AHEAD_TASKS = 8
+AHEAD_REMEMBERED = 4096
+
+Chunk = np.ndarray | None  # None: the set has no such chunk (its fill value)
+
+
+class NetcdfReads:
+    """Reads through ``decoded``, serving the files of netCDF views it made."""
+
+    def __init__(self, decoded: DecodedReads, choice: str) -> None:
+        self.decoded = decoded
+        self.blocks = decoded.blocks
+        self.choice = choice
+        self._views: weakref.WeakValueDictionary[int, NetcdfRefSet] = weakref.WeakValueDictionary()
+        self._serials = itertools.count()
+        self._ahead: collections.OrderedDict[tuple[int, str], None] = collections.OrderedDict()
+        self._ahead_limit = trio.Semaphore(AHEAD_TASKS)
+        self._counters = dict.fromkeys(("netcdf_reads", "netcdf_bytes", "netcdf_read_ahead"), 0)
+
+    def view(self, raw: RefSet, name: str) -> NetcdfRefSet:
+        """The netCDF view of ``raw``, whose files this reads; ``name.nc`` its root's."""
+        view = NetcdfRefSet(self.decoded.view(raw), next(self._serials), name, self.choice)
+        self._views[view.serial] = view
+        return view
+
+    def stats(self) -> dict[str, int]:
+        return {**self.decoded.stats(), **self._counters}
+
+    async def read_buffer(
+        self,
+        url: str,
+        start: int,
+        end: int,
+        reference: tuple[int, int] | None = None,
+        checksum: Checksum | None = None,
+    ) -> bytes | memoryview:
+        if not url.startswith(SCHEME):
+            return await self.decoded.read_buffer(url, start, end, reference, checksum)
+        view, made = self._file(url)
+        data = await self._assemble(view, made, start, end)
+        self._counters["netcdf_reads"] += 1
+        self._counters["netcdf_bytes"] += len(data)
+        if end < made.size:
+            self._read_ahead(view, made, end, min(made.size, end + READ_AHEAD))
+        return data
+
+    def _file(self, url: str) -> tuple[NetcdfRefSet, NcFile]:
+        serial, _, file_id = url[len(SCHEME) :].partition("/")
+        view = self._views.get(int(serial))
+        if view is None:
+            raise FetchError("a netCDF file of a reference set since replaced", errno.ESTALE)
+        return view, view.file(int(file_id))
+
+    # -- assembling -----------------------------------------------------------------------
+
+    async def _assemble(self, view: NetcdfRefSet, made: NcFile, start: int, end: int) -> memoryview:
+        out = bytearray(end - start)
+        header = made.text
+        if start < len(header):
+            out[: min(end, len(header)) - start] = header[start:end]
+        for variable, source in _overlapping(made, start, end):
+            data_end = variable.begin + variable.data_size
+            low, high = max(start, variable.begin), min(end, data_end)
+            if low < high:
+                size = source.kind.served.itemsize
+                first = (low - variable.begin) // size
+                last = -(-(high - variable.begin) // size)
+                values = await self._values(view, source, first, last)
+                skip = low - variable.begin - first * size
+                out[low - start : high - start] = values[skip : skip + high - low]
+            pad_low, pad_high = max(start, data_end), min(end, variable.begin + variable.vsize)
+            if pad_low < pad_high:
+                out[pad_low - start : pad_high - start] = _padding(source, variable.vsize)[
+                    pad_low - data_end : pad_high - data_end
+                ]
+        return memoryview(out)
+
+    async def _values(
+        self, view: NetcdfRefSet, source: Source, first: int, last: int
+    ) -> memoryview:
+        """Elements ``first`` to ``last`` of a variable, as the file's bytes."""
+        runs = boxes(source.shape, first, last)
+        wanted = {index for box in runs for index in chunk_indices(box, source.chunks)}
+        chunks = await self._chunks(view, source, wanted)
+        values = np.empty(last - first, dtype=source.kind.served)
+        fill = np.frombuffer(source.fill, dtype=source.kind.served)[0]
+        at = 0
+        for box in runs:
+            extent = tuple(b - a for a, b in zip(*box, strict=True))
+            count = int(np.prod(extent, dtype=np.int64))
+            target = values[at : at + count].reshape(extent)
+            for index in chunk_indices(box, source.chunks):
+                into, out_of = overlap(box, index, source.chunks)
+                chunk = chunks[index]
+                target[into] = fill if chunk is None else chunk[out_of]
+            at += count
+        return source.kind.convert(values)
+
+    async def _chunks(
+        self, view: NetcdfRefSet, source: Source, wanted: set[tuple[int, ...]]
+    ) -> dict[tuple[int, ...], Chunk]:
+        found: dict[tuple[int, ...], Chunk] = {}
+        if len(wanted) == 1:
+            (index,) = wanted
+            found[index] = await self._chunk(view, source, index)
+            return found
+
+        async def one(index: tuple[int, ...]) -> None:
+            found[index] = await self._chunk(view, source, index)
+
+        async with trio.open_nursery() as nursery:
+            for index in sorted(wanted):
+                nursery.start_soon(one, index)
+        return found
+
+    async def _chunk(self, view: NetcdfRefSet, source: Source, index: tuple[int, ...]) -> Chunk:
+        """A decoded chunk's values (C order, the chunk's shape), or ``None`` when the
+        set has no such chunk."""
+        decoded = view.decoded
+        file_id = await decoded.find_file(source.chunk_key(index))
+        if file_id is None:
+            return None
+        ref = await decoded.file_ref(file_id)
+        if ref.url is None or ref.length is None:
+            raise FetchError(f"{source.chunk_key(index)}: not a decoded chunk")
+        data = await self.decoded.read_buffer(ref.url, 0, ref.length)
+        return np.frombuffer(data, dtype=source.kind.served).reshape(source.chunks)
+
+    # -- reading ahead --------------------------------------------------------------------
+
+    def _read_ahead(self, view: NetcdfRefSet, made: NcFile, start: int, end: int) -> None:
+        """Start decoding the chunks of bytes ``start`` to ``end`` not asked for yet."""
+        for variable, source in _overlapping(made, start, end):
+            low = max(start, variable.begin) - variable.begin
+            high = min(end, variable.begin + variable.data_size) - variable.begin
+            if low >= high:
+                continue
+            size = source.kind.served.itemsize
+            for box in boxes(source.shape, low // size, -(-high // size)):
+                for index in chunk_indices(box, source.chunks):
+                    key = (view.serial, source.chunk_key(index))
+                    if key in self._ahead:
+                        continue
+                    self._ahead[key] = None
+                    if len(self._ahead) > AHEAD_REMEMBERED:
+                        self._ahead.popitem(last=False)
+                    self._counters["netcdf_read_ahead"] += 1
+                    trio.lowlevel.spawn_system_task(self._decode_ahead, view, source, index)
+
+    async def _decode_ahead(
+        self, view: NetcdfRefSet, source: Source, index: tuple[int, ...]
+    ) -> None:
+        try:
+            async with self._ahead_limit:
+                await self._chunk(view, source, index)
+        except Exception as exc:  # the reader's own read reports it
+            log.debug("reading ahead %s failed: %s", source.chunk_key(index), exc)
+
+
+def _overlapping(made: NcFile, start: int, end: int) -> Iterator[tuple[Variable, Source]]:
+    """The variables whose bytes (values and padding) meet ``start`` to ``end``, in file
+    order."""
+    variables = made.header.variables
+    at = max(0, bisect.bisect_right(made.begins, start) - 1)
+    for variable, source in zip(variables[at:], made.sources[at:], strict=True):
+        if variable.begin >= end:
+            return
+        yield variable, source
+
+
+def _padding(source: Source, vsize: int) -> bytes:
+    """The bytes after a variable's values up to ``vsize``: its fill value's bytes, as
+    the specification asks (at most 3)."""
+    one = np.frombuffer(source.fill, dtype=source.kind.served).copy()
+    try:
+        fill = bytes(source.kind.convert(one))
+    except FetchError:  # a fill value no double holds: pad with zeros
+        fill = b""
+    if not fill:
+        return b"\0" * 3
+    return (fill * 4)[:3] if source.kind.width is None else b"\0" * 3

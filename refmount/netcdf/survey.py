@@ -1,0 +1,36 @@
+"""What the netCDF view makes of a set, for ``refmount check --netcdf``: its files (name,
+format, variables) and the arrays left out of them, each with why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from refmount.decode.view import DecodedRefSet
+from refmount.errors import FetchError
+from refmount.netcdf.model import build
+from refmount.refs.model import RefSet
+
+_VERSIONS = {1: "classic", 2: "64bit-offset", 5: "cdf5"}
+
+
+async def survey(raw: RefSet, name: str, choice: str) -> dict[str, Any]:
+    """``{"files": [...], "strings": [...], "left_out": {array: why}, "error": ...}``."""
+    view = DecodedRefSet(raw, serial=0, fixed_strings=True)
+    try:
+        files = await build(view, name, choice)
+    except FetchError as exc:
+        return {"files": [], "strings": [], "left_out": {}, "error": str(exc)}
+    strings = sorted(path for path in files.left_out if view.string_array(path))
+    return {
+        "files": [
+            {
+                "name": made.key,
+                "format": _VERSIONS[made.header.version],
+                "variables": [v.name for v in made.header.variables],
+            }
+            for made in files.files
+        ],
+        "strings": strings,
+        "left_out": {p: why for p, why in sorted(files.left_out.items()) if p not in strings},
+        "error": None,
+    }

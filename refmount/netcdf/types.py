@@ -1,0 +1,186 @@
+"""What each decoded array's values and each attribute are in a netCDF classic file.
+
+Values (the decoded view's served dtype, :mod:`refmount.decode.dtypes`):
+
+- int8, int16, int32, float32, float64: NC_BYTE, NC_SHORT, NC_INT, NC_FLOAT, NC_DOUBLE;
+- bool (served as uint8): NC_BYTE;
+- unsigned: in CDF-5 its own type (NC_UBYTE, ...); in CDF-1/2 the signed type of its
+  size with ``_Unsigned = "true"`` (the bytes unchanged);
+- int64 and uint64 (datetimes included, served as int64 with CF units): NC_INT64 and
+  NC_UINT64 in CDF-5; in CDF-1/2 NC_DOUBLE, each value converted exactly, a value a
+  double cannot hold failing its read (EIO), never rounded.  Debian's GDAL 3.6, R's
+  ncdf4 and scipy cannot open CDF-5 at all: one int64 variable must not cost them the
+  dataset;
+- fixed-width bytes ``|S<n>`` (strings, ``--decode-strings fixed`` alike): NC_CHAR with
+  a last dimension of length ``n``.
+
+Each value keeps its size in the file, so a value's offset is its index times its size
+in either view.  Attributes (JSON): text as NC_CHAR, integers as NC_INT (wider ones as
+NC_INT64 in CDF-5, else as exact doubles), other numbers as NC_DOUBLE, lists of numbers
+alike; anything else as its JSON text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from refmount.errors import FetchError
+from refmount.netcdf.header import (
+    NC_BYTE,
+    NC_CHAR,
+    NC_DOUBLE,
+    NC_FLOAT,
+    NC_INT,
+    NC_INT64,
+    NC_SHORT,
+    NC_UBYTE,
+    NC_UINT,
+    NC_UINT64,
+    NC_USHORT,
+    TYPES,
+    Attribute,
+)
+
+_SIGNED = {1: NC_BYTE, 2: NC_SHORT, 4: NC_INT}
+_UNSIGNED = {1: NC_UBYTE, 2: NC_USHORT, 4: NC_UINT}
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+INT32 = (-(1 << 31), (1 << 31) - 1)
+
+
+class TypeRefused(Exception):
+    """A served dtype with no place in netCDF classic; the message says why."""
+
+
+@dataclass(frozen=True)
+class FileType:
+    """How one array's decoded values are written: ``served`` the decoded view's dtype
+    (little-endian), ``nc_type`` the file's, ``width`` the char length of ``|S<n>``;
+    ``unsigned`` adds ``_Unsigned = "true"``; ``as_double`` converts 64-bit integers."""
+
+    served: np.dtype
+    nc_type: int
+    width: int | None = None
+    unsigned: bool = False
+    as_double: bool = False
+
+    @property
+    def file_dtype(self) -> np.dtype:
+        if self.width is not None:
+            return np.dtype(f"S{self.width}")
+        return TYPES[self.nc_type][0]
+
+    def convert(self, values: np.ndarray) -> memoryview:
+        """Decoded values (a writable array this takes: swapped in place) as the file's
+        bytes; :class:`FetchError` (EIO) for an integer a double cannot hold exactly."""
+        if self.as_double:
+            values = exact_doubles(values)
+        elif self.width is None and values.itemsize > 1:
+            values.byteswap(inplace=True)
+        return memoryview(np.ascontiguousarray(values)).cast("B")
+
+
+def exact_doubles(values: np.ndarray) -> np.ndarray:
+    """64-bit integers as big-endian doubles, or :class:`FetchError` if one is inexact."""
+    doubles = values.astype(">f8")
+    limit = 2.0**64 if values.dtype.kind == "u" else 2.0**63
+    inside = (doubles < limit) & (doubles >= -limit)
+    back = np.where(inside, doubles, 0).astype(values.dtype)
+    bad = ~inside | (back != values)
+    if bad.any():
+        value = values[np.argmax(bad)]
+        raise FetchError(f"the integer {value} has no exact double (a CDF-5 file holds it)")
+    return doubles
+
+
+def file_type(served: np.dtype, *, boolean: bool, cdf5: bool) -> FileType:
+    """The file type of a served dtype, or :class:`TypeRefused`."""
+    kind, size = served.kind, served.itemsize
+    if served.names is not None:
+        raise TypeRefused(f"records ({served}) have no netCDF classic type")
+    if kind == "S":
+        return FileType(served, NC_CHAR, width=size)
+    if kind == "f" and size in (4, 8):
+        return FileType(served, NC_FLOAT if size == 4 else NC_DOUBLE)
+    if boolean or (kind == "i" and size in _SIGNED):
+        return FileType(served, _SIGNED[size])
+    if kind == "u" and size in _UNSIGNED:
+        if cdf5:
+            return FileType(served, _UNSIGNED[size])
+        return FileType(served, _SIGNED[size], unsigned=True)
+    if kind in "iu" and size == 8:
+        if cdf5:
+            return FileType(served, NC_INT64 if kind == "i" else NC_UINT64)
+        return FileType(served, NC_DOUBLE, as_double=True)
+    raise TypeRefused(f"dtype {served.str} has no netCDF classic type")
+
+
+def fill_attribute(value: Any, kind: FileType) -> Attribute | None:
+    """``_FillValue`` in the variable's type, or ``None`` if the value is not one."""
+    if kind.width is not None:
+        text = value.encode("utf-8") if isinstance(value, str) else None
+        return Attribute("_FillValue", NC_CHAR, text[:1]) if text else None
+    number = _NON_FINITE.get(value, value) if isinstance(value, str) else value
+    if isinstance(number, bool) or not isinstance(number, int | float):
+        return None
+    try:
+        served = np.array([number]).astype(kind.served)
+        if served[0] != number and not (math.isnan(number) and kind.served.kind == "f"):
+            return None
+        data = bytes(kind.convert(served))
+    except (OverflowError, ValueError, FetchError):
+        return None
+    return Attribute("_FillValue", kind.nc_type, np.frombuffer(data, kind.file_dtype))
+
+
+def attribute(name: str, value: Any, *, cdf5: bool) -> Attribute:
+    """A JSON attribute value as a netCDF attribute."""
+    if isinstance(value, str):
+        return Attribute(name, NC_CHAR, value.encode("utf-8"))
+    items = value if isinstance(value, list) else [value]
+    numbers = _numbers(items)
+    if numbers is not None and items:
+        if all(isinstance(n, int) for n in numbers):
+            found = _integers(name, numbers, cdf5)
+            if found is not None:
+                return found
+        if all(isinstance(n, float) or _exact_double(n) for n in numbers):
+            return Attribute(name, NC_DOUBLE, np.array(numbers, dtype=">f8"))
+    text = json.dumps(value, ensure_ascii=False, allow_nan=True)
+    return Attribute(name, NC_CHAR, text.encode("utf-8"))
+
+
+def _numbers(items: list[Any]) -> list[int | float] | None:
+    out: list[int | float] = []
+    for item in items:
+        if isinstance(item, bool):
+            out.append(int(item))
+        elif isinstance(item, int | float):
+            out.append(item)
+        elif isinstance(item, str) and item in _NON_FINITE and out:
+            out.append(_NON_FINITE[item])  # the decoded view's spelling after a number
+        else:
+            return None
+    return out
+
+
+def _exact_double(n: int | float) -> bool:
+    try:
+        return float(n) == n
+    except OverflowError:
+        return False
+
+
+def _integers(name: str, numbers: list[int | float], cdf5: bool) -> Attribute | None:
+    low, high = min(numbers), max(numbers)
+    if INT32[0] <= low and high <= INT32[1]:
+        return Attribute(name, NC_INT, np.array(numbers, dtype=">i4"))
+    if cdf5 and low >= -(1 << 63) and high < 1 << 63:
+        return Attribute(name, NC_INT64, np.array(numbers, dtype=">i8"))
+    if cdf5 and low >= 0 and high < 1 << 64:
+        return Attribute(name, NC_UINT64, np.array(numbers, dtype=">u8"))
+    return None

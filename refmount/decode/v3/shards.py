@@ -162,7 +162,8 @@ def shard_decoder(
     inner: ChunkDecoder, layout: ShardLayout, position: int, fill_value: Any
 ) -> ShardDecoder:
     """Inner chunk ``position``'s decoder; ``fill_value`` as the ``.zarray`` says it."""
-    little = inner.dtype.newbyteorder("<") if inner.dtype.byteorder == ">" else inner.dtype
+    served = inner.served_dtype
+    little = served.newbyteorder("<") if served.byteorder == ">" else served
     try:
         value = 0 if fill_value is None else fill_value
         fill: bytes | None = np.full(inner.chunks, value, dtype=little).tobytes()

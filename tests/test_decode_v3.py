@@ -552,11 +552,12 @@ def test_inner_chunks_of_a_shard_through_the_decoded_mount(
     assert mounted.process.poll() is None
 
 
-def test_a_shard_is_fetched_once_for_all_its_inner_chunks(
+def test_a_shard_index_is_fetched_once_for_all_its_inner_chunks(
     mount: Callable[..., Mounted], tmp_path: Path
 ) -> None:
-    """20 inner chunks in 6 shards: 6 requests (the block cache holds each shard for its
-    other inner chunks), 20 decodings."""
+    """20 inner chunks (one not written) in 6 shards: 6 index requests (the block cache
+    holds each index for its shard's other inner chunks) and one per inner chunk
+    written, 20 decodings."""
     values = native_arrays(tmp_path / "store.zarr")["sharded_edge"]
     refs = write_refs(store_refs(tmp_path / "store.zarr"), tmp_path / "refs.json")
     mounted = mount(refs, "--decode", "--xattrs")
@@ -570,4 +571,5 @@ def test_a_shard_is_fetched_once_for_all_its_inner_chunks(
         block[: part.shape[0], : part.shape[1]] = part
         assert (array / name).read_bytes() == block.tobytes(), name
     stats = json.loads(os.getxattr(mounted.mountpoint, "user.refmount.stats"))
-    assert (stats["requests"], stats["decoded_chunks"], stats["decode_errors"]) == (6, 20, 0)
+    assert stats["requests"] <= 6 + 19  # readahead may join neighbouring ranges
+    assert (stats["decoded_chunks"], stats["decode_errors"]) == (20, 0)

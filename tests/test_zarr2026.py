@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from zarr.codecs import ZstdCodec
 
 from tests.support import reader_runs
 from tests.support.reader_datasets import write_datasets
@@ -171,3 +172,39 @@ def test_a_nan_fill_value_is_a_float_fill_value(tmp_path: Path, mount) -> None:
     assert header.returncode == 0, header.stderr
     assert re.search(r"^\tfloat nanfill\(y, x\) ;", header.stdout, re.M), header.stdout
     assert "nanfill:_FillValue" not in header.stdout  # the text "NaN" was a char attribute
+
+
+# -- sharded arrays by the inner chunk ------------------------------------------------------
+
+
+def test_one_inner_chunk_fetches_its_index_and_its_range_only(
+    http, http_root: Path, mount, tmp_path: Path
+) -> None:
+    """A 64 x 64 float64 shard of 64 inner chunks (zstd) over HTTP: one inner chunk read
+    cold through ``--decode`` fetches at most 2 x (its bytes + the index), counted by the
+    server; its shard's other inner chunks fetch no index again."""
+    values = np.random.default_rng(5).normal(size=(64, 64))
+    store = http_root / "sharded2026.zarr"
+    array = zarr.create_array(
+        store, shape=values.shape, dtype="f8", chunks=(8, 8), shards=(64, 64),
+        compressors=[ZstdCodec(level=1)], dimension_names=["y", "x"], overwrite=True,
+    )  # fmt: skip
+    array[...] = values
+    refs = store_refs(store)
+    for key, ref in refs["refs"].items():
+        if isinstance(ref, list):
+            refs["refs"][key] = [f"{http.url}/sharded2026.zarr/{key}", *ref[1:]]
+    m = mount(write_refs(refs, tmp_path / "refs.json"), "--decode")
+    shard = (store / "c/0/0").read_bytes()
+    index_size = 64 * 16 + 4
+    offsets = np.frombuffer(shard[-index_size:-4], "<u8").reshape(64, 2)
+    http.reset_stats()
+    chunk = (m.mountpoint / "2.3").read_bytes()
+    assert chunk == values[16:24, 24:32].tobytes()
+    fetched = sum(end - start for path, start, end in http.stats()["ranges"] if "c/0/0" in path)
+    inner = int(offsets[2 * 8 + 3][1])
+    assert 0 < fetched <= 2 * (inner + index_size), (fetched, inner, len(shard))
+    http.reset_stats()
+    assert (m.mountpoint / "2.4").read_bytes() == values[16:24, 32:40].tobytes()
+    ranges = [(start, end) for path, start, end in http.stats()["ranges"] if "c/0/0" in path]
+    assert sum(end - start for start, end in ranges) <= 2 * int(offsets[2 * 8 + 4][1]), ranges

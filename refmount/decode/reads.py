@@ -159,13 +159,14 @@ class DecodedReads:
         return part
 
     async def _decode(self, array: str, source: Ref, decoding: ChunkDecoding) -> Buffer:
-        raw: Buffer = await self._raw(array, source, decoding.max_raw_size)
         try:
             if isinstance(decoding, ShardDecoder):  # its index here, the inner chunk below
-                inner = decoding.inner_bytes(raw)
+                inner = await self._inner_chunk(array, source, decoding)
                 if inner is None:
                     return decoding.filled()
                 decoding, raw = decoding.inner, inner
+            else:
+                raw = await self._raw(array, source, decoding.max_raw_size)
             job = decoding.job
             if job is not None:
                 return await self.runner.submit(*job, raw, decoding.size)
@@ -175,6 +176,31 @@ class DecodedReads:
             return await trio.to_thread.run_sync(decoding.decode, raw, limiter=self._limiter)
         except (JobFailed, DecodeError) as exc:
             raise FetchError(f"array {array or '/'!r}: a chunk does not decode: {exc}") from None
+
+    async def _inner_chunk(self, array: str, source: Ref, shard: ShardDecoder) -> Buffer | None:
+        """An inner chunk's raw bytes: the shard's index, then the chunk's range only
+        (each an exact reference of the block cache, the index kept there for the
+        shard's other inner chunks); ``None`` for an inner chunk not written."""
+        if source.data is not None:
+            return shard.inner_bytes(await self._raw(array, source, shard.max_raw_size))
+        assert source.url is not None
+        size = source.length
+        if size is None:
+            size = await self.blocks.fetcher.size(source.url)
+        start, end = shard.index_range(size)
+        index = await self._range(source, start, end)
+        found = shard.locate(index, size)
+        if found is None:
+            return None
+        offset, length = found
+        return await self._range(source, offset, offset + length)
+
+    async def _range(self, source: Ref, start: int, end: int) -> bytes | memoryview:
+        """Bytes ``[start, end)`` of ``source``, fetched as a reference of their own."""
+        assert source.url is not None
+        first, last = source.offset + start, source.offset + end
+        blocks = self.blocks
+        return await blocks.read_buffer(source.url, first, last, (first, last), source.checksum)
 
     async def longest(self, measure: StringMeasure, raw: Buffer) -> int:
         """The longest value of a variable-length string chunk, read by a worker."""

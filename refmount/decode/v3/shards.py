@@ -6,11 +6,13 @@ shard, two little-endian uint64, both all ones for a chunk not written; the inde
 shard's end (or start), followed by its CRC-32C when ``index_codecs`` say so.
 
 The decoded view presents the array with the inner chunk shape as its chunks; the inner
-chunk ``(i, j)`` is served from the shard holding it: :class:`ShardDecoder` is given the
-whole shard (through the block cache: the shard is fetched once for all its inner
-chunks), checks and reads the index, and decodes the inner chunk's bytes with the inner
-pipeline's decoder.  An inner chunk not written reads as the fill value.  A shard is never
-served as a chunk.
+chunk ``(i, j)`` is served from the shard holding it: its reader
+(:class:`refmount.decode.reads.DecodedReads`) fetches the shard's index (one exact
+range, kept by the block cache under the memory budget like any other bytes, so a
+shard's index is fetched once for all its inner chunks), :class:`ShardDecoder` checks it
+and locates the inner chunk, and only that chunk's byte range is fetched and decoded
+with the inner pipeline's decoder.  A shard held inline is read whole.  An inner chunk
+not written reads as the fill value.  A shard is never served as a chunk.
 """
 
 from __future__ import annotations
@@ -125,27 +127,42 @@ class ShardDecoder:
         by the job (:meth:`refmount.decode.reads.DecodedReads`)."""
         return self.inner.job
 
-    def inner_bytes(self, raw: Buffer) -> memoryview | None:
-        """The inner chunk's encoded bytes in the shard ``raw``, its index checked;
-        ``None`` when the shard holds no such chunk (it reads as the fill value)."""
-        view = memoryview(raw).cast("B")
+    def index_range(self, shard_size: int) -> tuple[int, int]:
+        """Where the index lies in a shard of ``shard_size`` bytes (``[start, end)``)."""
         size = self.layout.index_size
-        if len(view) < size:
-            raise DecodeError(f"a shard of {len(view)} bytes is shorter than its index")
-        index = view[len(view) - size :] if self.layout.end else view[:size]
-        entries = index[: self.layout.count * 16]
+        if shard_size < size:
+            raise DecodeError(f"a shard of {shard_size} bytes is shorter than its index")
+        return (shard_size - size, shard_size) if self.layout.end else (0, size)
+
+    def locate(self, index: Buffer, shard_size: int) -> tuple[int, int] | None:
+        """``(offset, length)`` of the inner chunk in a shard of ``shard_size`` bytes,
+        from its index (checked); ``None`` when the shard holds no such chunk."""
+        view = memoryview(index).cast("B")
+        entries = view[: self.layout.count * 16]
+        if len(view) != self.layout.index_size:
+            raise DecodeError(f"a shard index of {len(view)} bytes, not {self.layout.index_size}")
         if self.layout.checksummed:
             import google_crc32c
 
-            stored = int.from_bytes(index[-4:], "little")
+            stored = int.from_bytes(view[-4:], "little")
             if google_crc32c.value(bytes(entries)) != stored:
                 raise DecodeError("the shard index's crc32c does not match")
         offset, length = np.frombuffer(entries, "<u8")[2 * self.position : 2 * self.position + 2]
         if offset == _MISSING and length == _MISSING:
             return None
-        if offset + length > len(view):
+        if offset + length > shard_size:
             raise DecodeError(f"an inner chunk at {offset}+{length} past the shard's end")
-        return view[int(offset) : int(offset + length)]
+        if length > self.inner.max_raw_size:
+            raise DecodeError(f"an inner chunk of {length} bytes, over {self.inner.max_raw_size}")
+        return int(offset), int(length)
+
+    def inner_bytes(self, raw: Buffer) -> memoryview | None:
+        """The inner chunk's encoded bytes in the whole shard ``raw``, its index checked;
+        ``None`` when the shard holds no such chunk (it reads as the fill value)."""
+        view = memoryview(raw).cast("B")
+        start, end = self.index_range(len(view))
+        found = self.locate(view[start:end], len(view))
+        return None if found is None else view[found[0] : found[0] + found[1]]
 
     def filled(self) -> bytes:
         """The inner chunk of a shard that holds none: the fill value."""

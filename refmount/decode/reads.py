@@ -31,6 +31,7 @@ import itertools
 import logging
 import os
 import weakref
+from collections import OrderedDict
 
 import trio
 
@@ -46,6 +47,9 @@ from refmount.refs.model import Checksum, Ref, RefSet
 from refmount.workers import InProcessRunner, JobFailed, JobRunner
 
 log = logging.getLogger(__name__)
+
+#: How many shards' last inner chunk read are remembered (to see a reader going through).
+RECENT_SHARDS = 4096
 
 
 class DecodedPart(Part):
@@ -74,6 +78,8 @@ class DecodedReads:
         self._chunks: weakref.WeakValueDictionary[ChunkKey, DecodedPart] = (
             weakref.WeakValueDictionary()
         )
+        #: Each recently read shard's last inner chunk position (see ``_in_order``).
+        self._last_inner: OrderedDict[tuple[str | None, int, Checksum | None], int] = OrderedDict()
         self._counters = dict.fromkeys(
             ("decoded_chunks", "decoded_bytes", "decoded_hits", "decode_errors"), 0
         )
@@ -193,14 +199,32 @@ class DecodedReads:
         if found is None:
             return None
         offset, length = found
-        return await self._range(source, offset, offset + length)
+        run = shard.run(index, size) if self._in_order(source, shard.position) else None
+        return await self._range(source, offset, offset + length, run)
 
-    async def _range(self, source: Ref, start: int, end: int) -> bytes | memoryview:
-        """Bytes ``[start, end)`` of ``source``, fetched as a reference of their own."""
+    def _in_order(self, source: Ref, position: int) -> bool:
+        """Whether another inner chunk of this shard was read before (its reader goes
+        through the shard); notes the shard (a bounded record of recent shards)."""
+        shard = (source.url, source.offset, source.checksum)
+        last = self._last_inner.pop(shard, None)
+        self._last_inner[shard] = position
+        if len(self._last_inner) > RECENT_SHARDS:
+            self._last_inner.popitem(last=False)
+        return last is not None and last != position
+
+    async def _range(
+        self, source: Ref, start: int, end: int, within: tuple[int, int] | None = None
+    ) -> bytes | memoryview:
+        """Bytes ``[start, end)`` of ``source``, fetched as a reference of their own, or
+        cut from the reference ``within`` (a run of inner chunks, fetched once)."""
         assert source.url is not None
+        if within is not None:  # the whole run, read alike by each of its inner chunks
+            run = await self._range(source, *within)
+            return memoryview(run)[start - within[0] : end - within[0]]
         first, last = source.offset + start, source.offset + end
-        blocks = self.blocks
-        return await blocks.read_buffer(source.url, first, last, (first, last), source.checksum)
+        return await self.blocks.read_buffer(
+            source.url, first, last, (first, last), source.checksum
+        )
 
     async def longest(self, measure: StringMeasure, raw: Buffer) -> int:
         """The longest value of a variable-length string chunk, read by a worker."""

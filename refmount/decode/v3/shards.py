@@ -11,8 +11,10 @@ chunk ``(i, j)`` is served from the shard holding it: its reader
 range, kept by the block cache under the memory budget like any other bytes, so a
 shard's index is fetched once for all its inner chunks), :class:`ShardDecoder` checks it
 and locates the inner chunk, and only that chunk's byte range is fetched and decoded
-with the inner pipeline's decoder.  A shard held inline is read whole.  An inner chunk
-not written reads as the fill value.  A shard is never served as a chunk.
+with the inner pipeline's decoder.  A reader going through a shard (a second inner chunk
+of it read) gets each inner chunk's run of :data:`RUN` neighbours in the shard's bytes in
+one request, when they lie back to back.  A shard held inline is read whole.
+An inner chunk not written reads as the fill value.  A shard is never served as a chunk.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ from refmount.decode.arrays import ArrayRefused, ChunkDecoder
 from refmount.decode.codecs import Buffer, DecodeError
 
 _MISSING = (1 << 64) - 1
+#: Inner chunks fetched as one request once a shard is being read: how many, and their
+#: most bytes.
+RUN = 16
+RUN_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -155,6 +161,26 @@ class ShardDecoder:
         if length > self.inner.max_raw_size:
             raise DecodeError(f"an inner chunk of {length} bytes, over {self.inner.max_raw_size}")
         return int(offset), int(length)
+
+    def run(self, index: Buffer, shard_size: int) -> tuple[int, int] | None:
+        """The byte span of this inner chunk's run: the shard's written inner chunks in
+        the order of their bytes (zarr writes them in Morton order: neighbours), cut in
+        runs of :data:`RUN`; ``None`` unless the run's chunks lie back to back within
+        :data:`RUN_BYTES`.  One request for a reader going through the shard."""
+        rows = np.frombuffer(memoryview(index).cast("B")[: self.layout.count * 16], "<u8")
+        rows = rows.reshape(-1, 2)
+        written = np.flatnonzero((rows[:, 0] != _MISSING) | (rows[:, 1] != _MISSING))
+        ordered = written[np.argsort(rows[written, 0], kind="stable")]
+        at = np.flatnonzero(ordered == self.position)
+        if not len(at):
+            return None
+        first = int(at[0]) - int(at[0]) % RUN
+        members = rows[ordered[first : first + RUN]]
+        start, end = int(members[0, 0]), int(members[-1, 0] + members[-1, 1])
+        back_to_back = end - start == int(members[:, 1].sum())
+        if not back_to_back or end - start > RUN_BYTES or end > shard_size:
+            return None
+        return start, end
 
     def inner_bytes(self, raw: Buffer) -> memoryview | None:
         """The inner chunk's encoded bytes in the whole shard ``raw``, its index checked;

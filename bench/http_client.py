@@ -1,6 +1,7 @@
 """What one cold 256 KiB chunk costs each HTTP client refmount can read it with, in-process.
 
     python bench/http_client.py [--chunks 2000] [--parallel 16] [--delay 0.01] [--repeat 2]
+                                [--protocol http|https]
 
 nginx on 127.0.0.1 (``echo_sleep`` before each answer) serves one file of 4,000 chunks;
 each client reads ``--chunks`` distinct random chunks of it, ``--parallel`` at once, with
@@ -13,6 +14,9 @@ the page cache dropped first (as root), and the table gives MB/s and the process
   refmount.http   refmount's Fetcher on trio with its own HTTP/1.1 client
                   (``refmount.fetch.http``): deadlines, retries and length checks included
   refmount.obstore the same Fetcher with ``--fetch-backend obstore``
+
+``--protocol https``: the same over nginx's TLS (a certificate of a CA made for the run,
+given to obstore as ``root_certificate`` and to refmount through ``SSL_CERT_FILE``).
 
 No FUSE: this isolates the fetch; ``bench/throughput.py`` measures it through a mount.
 """
@@ -38,6 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.throughput import drop_caches, write_random  # noqa: E402
 from refmount.fetch import Fetcher, FetchPolicy  # noqa: E402
+from tests.support.certificates import make_certificates  # noqa: E402
 from tests.support.nginx import NginxServer  # noqa: E402
 
 CHUNK = 256 << 10
@@ -49,11 +54,19 @@ def cpu_seconds() -> float:
     return times.user + times.system
 
 
+def client_options() -> dict[str, object]:
+    """obstore's client options: plain HTTP allowed, the run's CA trusted (if any)."""
+    options: dict[str, object] = {"allow_http": True}
+    if ca := os.environ.get("SSL_CERT_FILE"):
+        options["root_certificate"] = Path(ca).read_text()
+    return options
+
+
 def obstore_async(url: str, starts: list[int], parallel: int) -> int:
     import obstore
     from obstore.store import HTTPStore
 
-    store = HTTPStore.from_url(url, client_options={"allow_http": True})
+    store = HTTPStore.from_url(url, client_options=client_options())
 
     async def main() -> int:
         gate = asyncio.Semaphore(parallel)
@@ -72,7 +85,7 @@ def obstore_threads(url: str, starts: list[int], parallel: int) -> int:
     import obstore
     from obstore.store import HTTPStore
 
-    store = HTTPStore.from_url(url, client_options={"allow_http": True})
+    store = HTTPStore.from_url(url, client_options=client_options())
 
     def one(start: int) -> int:
         return len(obstore.get_range(store, "chunks.bin", start=start, length=CHUNK))
@@ -120,6 +133,7 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=16)
     parser.add_argument("--delay", type=float, default=0.01, help="seconds per request")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--protocol", choices=("http", "https"), default="http")
     parser.add_argument(
         "--workdir", default=str(Path(tempfile.gettempdir()) / "refmount-bench-http")
     )
@@ -131,12 +145,17 @@ def main() -> int:
     starts = [i * CHUNK for i in picked]
     rates: dict[str, list[float]] = {name: [] for name in CLIENTS}
     costs: dict[str, list[float]] = {name: [] for name in CLIENTS}
-    with NginxServer(work, delay=args.delay) as server:
+    certificates = None
+    if args.protocol == "https":
+        certificates = make_certificates(work / "tls", "refmount bench CA")
+        os.environ["SSL_CERT_FILE"] = str(certificates.ca)
+    with NginxServer(work, delay=args.delay, tls=certificates) as server:
+        url = server.https_url if certificates else server.url
         for round_ in range(args.repeat):
             for name, client in CLIENTS.items():
                 drop_caches()
                 began, cpu = time.perf_counter(), cpu_seconds()
-                got = client(server.url, starts, args.parallel)
+                got = client(url, starts, args.parallel)
                 seconds, used = time.perf_counter() - began, cpu_seconds() - cpu
                 if got != len(starts) * CHUNK:
                     raise SystemExit(f"{name}: {got} bytes, not {len(starts) * CHUNK}")
@@ -146,7 +165,8 @@ def main() -> int:
                       f"{costs[name][-1]:.3f} ms CPU/chunk", flush=True)  # fmt: skip
     load = os.getloadavg()[0]
     print(
-        f"\n{len(starts)} distinct {CHUNK >> 10} KiB chunks, {args.parallel} in flight, "
+        f"\n{len(starts)} distinct {CHUNK >> 10} KiB chunks over {args.protocol}://, "
+        f"{args.parallel} in flight, "
         f"nginx +{args.delay * 1000:g} ms, medians of {args.repeat}; load {load:.1f}\n"
     )
     print("| client | MB/s | CPU ms/chunk |\n|---|---|---|")

@@ -79,6 +79,7 @@ sys.path.insert(0, str(REPO))
 from bench import zarr_chunks  # noqa: E402
 from bench.scale import build_json  # noqa: E402
 from refmount.tuning import CONNECTIONS_ROOT, mount_fusectl  # noqa: E402
+from tests.support.certificates import Certificates, make_certificates  # noqa: E402
 from tests.support.mounting import REFMOUNT, STOCK_PYFUSE3, Mounted, RssSampler, unmount  # noqa: E402
 from tests.support.nginx import NginxServer  # noqa: E402
 from tests.support.servers import RangeServer, stop_process  # noqa: E402
@@ -91,14 +92,41 @@ PART = 8 << 20  # request size of the limit's sequential reads (refmount's max p
 SEQ_PARALLEL = 8  # 64 MiB window / 8 MiB parts
 RANDOM_READERS = 16
 SYSTEMS = (
-    "limit", "fsspec", "fsspec.fuse", "refmount", "refmount.1cpu", "refmount.stock", "tmpfs",
+    "limit", "fsspec", "fsspec.fuse", "refmount", "refmount.obstore", "refmount.1cpu",
+    "refmount.stock", "tmpfs",
 )  # fmt: skip
-FUSE_SYSTEMS = ("fsspec.fuse", "refmount", "refmount.1cpu", "refmount.stock")
+FUSE_SYSTEMS = ("fsspec.fuse", "refmount", "refmount.obstore", "refmount.1cpu", "refmount.stock")
+#: Protocols the chunks can be read over (issue 28): nginx answers all three, ``s3://`` as
+#: path-style GETs whose signature it ignores; ``https://`` and ``s3://`` over TLS.
+PROTOCOLS = ("http", "https", "s3")
+#: Workloads measured over each protocol other than ``http://``.
+PROTOCOL_WORKLOADS = ("W1", "W2c", "W3d")
+S3_BUCKET = "bucket"
+S3_CREDENTIALS = {
+    "key": "bench",
+    "secret": "bench-secret",
+    "client_kwargs": {"region_name": "us-east-1"},
+}
 WORKLOADS = ("W1", "W2", "W2c", "W3", "W3d", "W3z", "W4", "find")
 #: W3z's second row: the same readers through the decoded view (``--decode``).
 DECODED = "W3z+decode"
-#: The rows of the report: a workload's own, and W3z's decoded view after it.
-ROWS = ("W1", "W2", "W2c", "W3", "W3d", "W3z", DECODED, "W4", "find")
+#: The rows of the report: a workload's own, and W3z's decoded view after it; then
+#: ``W@protocol`` for the workloads measured over other protocols.
+ROWS = (
+    *("W1", "W2", "W2c", "W3", "W3d", "W3z", DECODED, "W4", "find"),
+    *(f"{w}@{p}" for p in PROTOCOLS[1:] for w in PROTOCOL_WORKLOADS),
+)
+
+
+def base(row: str) -> str:
+    """The workload of a row (``W3d@https`` is W3d)."""
+    return row.partition("@")[0]
+
+
+def protocol(row: str) -> str:
+    return row.partition("@")[2] or "http"
+
+
 #: Rows that start with the kernel's page cache dropped (the server's file included).
 COLD = ("W2c", "W3d", "W3z", DECODED)
 #: Rows whose readers read W3d's distinct chunks (W3z: the same indices, zlib chunks).
@@ -145,6 +173,9 @@ class Setup:
     zarr_refs: Path | None = None  # W3z: the Zarr array of zlib chunks
     zarr_lists: list[list[str]] = field(default_factory=list)  # W3z: distinct_lists' chunks
     zarr_stored: int = 0  # W3z: compressed bytes of the chunks its readers read
+    #: Over other protocols: (reference set, base URL of the data) by protocol.
+    protocol_refs: dict[str, tuple[Path, str]] = field(default_factory=dict)
+    ca: Path | None = None  # the CA of nginx's TLS certificate
 
 
 @dataclass
@@ -281,6 +312,7 @@ def workload_bytes(setup: Setup, workload: str) -> int:
 
 def chunks_of(sizes: dict[str, int], workload: str) -> int:
     """Chunk files a workload reads (W1 reads one big file: none)."""
+    workload = base(workload)
     if workload == "W3":
         return RANDOM_READERS * sizes["random_files"]
     if workload in DISTINCT:
@@ -289,7 +321,7 @@ def chunks_of(sizes: dict[str, int], workload: str) -> int:
 
 
 def bytes_of(sizes: dict[str, int], workload: str) -> int:
-    return sizes["big"] if workload == "W1" else chunks_of(sizes, workload) * CHUNK
+    return sizes["big"] if base(workload) == "W1" else chunks_of(sizes, workload) * CHUNK
 
 
 def cpu_cell(sizes: dict[str, int], workload: str, cpu: float | None) -> str:
@@ -315,8 +347,8 @@ def drop_caches() -> None:
 
 def run_limit(setup: Setup, workload: str) -> float:
     """fsspec's HTTP filesystem with refmount's parallelism (obstore for the cold
-    workloads); bytes are counted, dropped."""
-    if workload in COLD:
+    workloads, and for every workload over another protocol); bytes are counted, dropped."""
+    if workload in COLD or protocol(workload) != "http":
         return run_obstore_limit(setup, workload)
     import fsspec
     import fsspec.asyn
@@ -351,28 +383,49 @@ def run_limit(setup: Setup, workload: str) -> float:
     return elapsed
 
 
-def run_obstore_limit(setup: Setup, workload: str) -> float:
-    """What refmount's HTTP client allows with no daemon in between: W3d one
-    ``get_range_async`` per chunk, 16 in flight; W2c one GET of all chunks as one stream."""
-    import obstore
-    from obstore.store import HTTPStore
+def obstore_store(setup: Setup, over: str) -> tuple[Any, str]:
+    """An obstore store for the data over one protocol, and the prefix of its paths."""
+    from obstore.store import HTTPStore, S3Store
 
-    store = HTTPStore.from_url(setup.url, client_options={"allow_http": True})
-    drop_caches()
+    options: dict[str, Any] = {"allow_http": True}
+    if setup.ca is not None:
+        options["root_certificate"] = setup.ca.read_text()
+    if over == "http":
+        return HTTPStore.from_url(setup.url, client_options=options), ""
+    base_url = setup.protocol_refs[over][1]
+    if over == "https":
+        return HTTPStore.from_url(base_url, client_options=options), ""
+    config = {"endpoint": base_url, "access_key_id": S3_CREDENTIALS["key"],
+              "secret_access_key": S3_CREDENTIALS["secret"], "region": "us-east-1"}  # fmt: skip
+    return S3Store(S3_BUCKET, config=config, client_options=options), ""
+
+
+def run_obstore_limit(setup: Setup, workload: str) -> float:
+    """What one GET per range allows with no daemon in between, by obstore over the
+    row's protocol: W3d one ``get_range_async`` per chunk, 16 in flight; W2c one GET of
+    all chunks as one stream; W1 8 MiB ranges of ``big``, 8 in flight."""
+    import obstore
+
+    store, _ = obstore_store(setup, protocol(workload))
+    if workload in COLD:
+        drop_caches()
     began = time.perf_counter()
-    if workload == "W2c":
+    if base(workload) == "W2c":
         got = sum(len(piece) for piece in obstore.get(store, "chunks.bin").stream())
     else:
-        starts = [int(key[2:]) * CHUNK for files in setup.distinct_lists for key in files]
+        if base(workload) == "W1":
+            name, size, parallel = "big.bin", PART, SEQ_PARALLEL
+            starts = list(range(0, setup.sizes.big, PART))
+        else:
+            name, size, parallel = "chunks.bin", CHUNK, RANDOM_READERS
+            starts = [int(key[2:]) * CHUNK for files in setup.distinct_lists for key in files]
 
         async def fetch_all() -> int:
-            gate = asyncio.Semaphore(RANDOM_READERS)
+            gate = asyncio.Semaphore(parallel)
 
             async def one(start: int) -> int:
                 async with gate:
-                    data = await obstore.get_range_async(
-                        store, "chunks.bin", start=start, length=CHUNK
-                    )
+                    data = await obstore.get_range_async(store, name, start=start, length=size)
                     return len(data)
 
             return sum(await asyncio.gather(*(one(start) for start in starts)))
@@ -448,6 +501,11 @@ def refmount_mount(
 ) -> Iterator[int]:
     prefix = ["taskset", "-c", "0"] if name == "refmount.1cpu" else []
     command = STOCK_PYFUSE3 if name == "refmount.stock" else REFMOUNT
+    if name == "refmount.obstore":
+        extra = [*extra, "--fetch-backend", "obstore"]
+    if "s3" in setup.protocol_refs:
+        options = {"s3": {"endpoint_url": setup.protocol_refs["s3"][1], **S3_CREDENTIALS}}
+        extra = [*extra, "--remote-options", json.dumps(options)]
     if name == "refmount.stock" and setup.stock_pyfuse3:
         # A real stock build first on the daemon's path (what `pip install` gives).
         path = os.pathsep.join([str(Path(setup.stock_pyfuse3).resolve()), str(REPO)])
@@ -528,15 +586,15 @@ def wait_idle(pid: int, quiet: float = 0.5, timeout: float = 60.0) -> None:
 def run_commands(root: Path, setup: Setup, workload: str) -> float:
     """The shell side of a workload over a directory; returns wall seconds."""
     began = time.perf_counter()
-    if workload == "W1":
+    if base(workload) == "W1":
         argv = ["dd", f"if={root / 'big'}", "of=/dev/null", "bs=1M"]
         done = subprocess.run(argv, capture_output=True, timeout=RUN_TIMEOUT)
         if done.returncode:
             raise RuntimeError(f"dd failed: {done.stderr.decode(errors='replace').strip()}")
-    elif workload in ("W3", *DISTINCT):
+    elif base(workload) in ("W3", *DISTINCT):
         procs: list[subprocess.Popen[bytes]] = []
         lists = {"W3": setup.random_lists, "W3d": setup.distinct_lists}.get(
-            workload, setup.zarr_lists
+            base(workload), setup.zarr_lists
         )
         try:
             for files in lists:
@@ -608,6 +666,8 @@ def measure_fuse(
         plan += [(setup.zarr_refs, ("W3z",), []), (setup.zarr_refs, (DECODED,), ["--decode"])]
     if "find" in workloads and name != "fsspec.fuse":  # 1M LOOKUPs through fusepy: hours
         plan.append((setup.find_refs, ("find",), []))
+    for over, (refs_path, _) in setup.protocol_refs.items():
+        plan += [(refs_path, (row,), []) for row in workloads if protocol(row) == over]
     mountpoint = Path(tempfile.mkdtemp(prefix=f"mnt-{name}-", dir=setup.work))
     try:
         for refs, group, extra in plan:
@@ -617,7 +677,7 @@ def measure_fuse(
                     if extra:
                         wait_idle(pid)
                     for workload in group:
-                        if workload in COLD:
+                        if base(workload) in COLD:
                             drop_caches()
                         cpu_before, own_before = tree_cpu_seconds(pid), own_cpu_seconds(pid)
                         seconds = run_commands(mountpoint, setup, workload)
@@ -637,6 +697,8 @@ def measure_inprocess(name: str, setup: Setup, results: Results, workloads: list
     runner = run_limit if name == "limit" else run_fsspec
     for workload in workloads:
         if workload == "W3z":  # the views of refmount's mount only
+            continue
+        if protocol(workload) != "http" and name != "limit":  # the limit alone
             continue
         if workload == "find":
             if name == "fsspec":
@@ -692,8 +754,15 @@ def rate(setup: Setup, workload: str, seconds: float) -> float:
 
 
 @contextlib.contextmanager
-def data_server(kind: str, root: Path, delay: float) -> Iterator[NginxServer | RangeServer]:
-    server = NginxServer(root, delay=delay) if kind == "nginx" else RangeServer(root, delay=delay)
+def data_server(
+    kind: str, root: Path, delay: float, certificates: Certificates | None = None
+) -> Iterator[NginxServer]:
+    if kind != "nginx":
+        if certificates is not None:
+            raise RuntimeError("https:// and s3:// are measured against nginx only")
+        server: Any = RangeServer(root, delay=delay)
+    else:
+        server = NginxServer(root, delay=delay, tls=certificates)
     with server:
         yield server
 
@@ -703,7 +772,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     systems = [s for s in (args.only or SYSTEMS) if s not in args.skip]
-    workloads = [w for w in (args.workloads or WORKLOADS)]
+    chosen = [w for w in (args.workloads or WORKLOADS)]
+    workloads = chosen if "http" in args.protocols else []
+    workloads += [
+        f"{w}@{p}" for p in args.protocols if p != "http" for w in PROTOCOL_WORKLOADS if w in chosen
+    ]
     notes = []
     if not args.no_fusectl and any(s in FUSE_SYSTEMS for s in systems):
         mounted = mount_fusectl(CONNECTIONS_ROOT)
@@ -716,8 +789,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: Results = {s: {w: Result() for w in ROWS} for s in SYSTEMS}
     rss: dict[str, int] = {}
     data = data_dir(work, sizes)
-    with data_server(args.server, data, args.delay) as server:
+    certificates = None
+    if set(args.protocols) - {"http"}:
+        certificates = make_certificates(work / "tls", "refmount bench CA")
+        # Trusted as a user trusts a lab's CA: the daemon reads SSL_CERT_FILE.
+        os.environ["SSL_CERT_FILE"] = str(certificates.ca)
+        notes.append("https:// and s3:// over nginx's TLS, its CA trusted by SSL_CERT_FILE")
+        bucket = data / S3_BUCKET
+        if not bucket.is_symlink():
+            bucket.symlink_to(".")  # path-style s3 GETs: /bucket/chunks.bin
+    with data_server(args.server, data, args.delay, certificates) as server:
         setup = build(work, sizes, data, server.url, args)
+        setup.ca = certificates.ca if certificates else None
+        for over in args.protocols:
+            if over != "http":
+                url = server.https_url
+                data_url = url if over == "https" else f"s3://{S3_BUCKET}"
+                refs_path = work / f"refs-{over}.json"
+                write_chunk_refs(refs_path, data_url, sizes)
+                setup.protocol_refs[over] = (refs_path, url)
         log.info("data in %s, served by %s at %s, %g s per request", data, args.server,
                  server.url, args.delay)  # fmt: skip
         for repeat in range(args.repeat):
@@ -757,6 +847,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "refmount_args": args.refmount_args,
         "systems": systems,
         "workloads": workloads,
+        "protocols": args.protocols,
         "rows": [row for w in workloads for row in ((w, DECODED) if w == "W3z" else (w,))],
         "notes": notes,
         "figures": figures,
@@ -802,7 +893,9 @@ CPU_MS_PER_CHUNK = {"W3": 0.5, "W3d": 0.6}
 FIND_SECONDS_PER_MILLION = 5.0
 
 
-def title(workload: str, sizes: dict[str, int]) -> str:
+def title(row: str, sizes: dict[str, int]) -> str:
+    workload = base(row)
+    over = f" over {protocol(row)}://" if "@" in row else ""
     return {
         "W1": f"dd {sizes['big'] // MiB} MiB",
         "W2": f"cat {sizes['chunks']} chunks",
@@ -813,7 +906,7 @@ def title(workload: str, sizes: dict[str, int]) -> str:
         DECODED: "W3z through the decoded view (--decode)",
         "W4": "W2 warm",
         "find": f"{sizes['find_keys']:,} keys",
-    }[workload]
+    }[workload] + over
 
 
 def fmt(value: float | None, spec: str = ".0f") -> str:
@@ -828,9 +921,11 @@ def target_cell(report: dict[str, Any], system: str, workload: str) -> str:
     if workload == "find":
         limit = FIND_SECONDS_PER_MILLION * report["sizes"]["find_keys"] / 1e6
         return f"≤ {limit:g} s: {'met' if ours <= limit else 'MISSED'}"
-    if workload not in TARGETS:
+    if base(workload) not in TARGETS:
         return "-"
-    peer, peer_workload, want = TARGETS[workload]
+    peer, peer_workload, want = TARGETS[base(workload)]
+    if protocol(workload) != "http":
+        peer_workload = f"{peer_workload}@{protocol(workload)}"
     theirs = figures[peer][peer_workload]
     if not theirs:
         return "-"
@@ -841,9 +936,9 @@ def target_cell(report: dict[str, Any], system: str, workload: str) -> str:
         verdict = "met" if ratio >= want else "MISSED"
         cell = f"{ratio:.2f} of {peer} {peer_workload} (≥ {want:g}): {verdict}"
     cpu = report["daemon_cpu_seconds"][system][workload]
-    if workload in CPU_MS_PER_CHUNK and cpu is not None:
+    if base(workload) in CPU_MS_PER_CHUNK and cpu is not None:
         per_chunk = cpu / chunks_of(report["sizes"], workload) * 1000
-        most = CPU_MS_PER_CHUNK[workload]
+        most = CPU_MS_PER_CHUNK[base(workload)]
         cell += f"; {per_chunk:.2f} ms CPU/chunk (≤ {most:g}): "
         cell += "met" if per_chunk <= most else "MISSED"
     return cell
@@ -970,6 +1065,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", choices=SYSTEMS, help="these systems only")
     parser.add_argument("--skip", nargs="*", default=[], choices=SYSTEMS)
     parser.add_argument("--workloads", nargs="*", choices=WORKLOADS, help="these only")
+    parser.add_argument(
+        "--protocols",
+        nargs="+",
+        default=["http"],
+        choices=PROTOCOLS,
+        help="read the chunks over these (W1, W2c, W3d over https:// and s3://)",
+    )
     parser.add_argument("--note", help="a note for the report, e.g. 'machine shared'")
     parser.add_argument(
         "--stock-pyfuse3",

@@ -12,10 +12,12 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from refmount import header_text
 
 #: Options for mount(8) or systemd, not for the filesystem; refmount is always ro,nodev,nosuid.
 IGNORED = frozenset(
@@ -341,8 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "obstore", "fsspec"),
         default=Config.fetch_backend,
         help="what reads remote byte ranges: auto (refmount's own HTTP client for "
-        "http://, obstore for https, s3, gs and az when their options translate, fsspec "
-        "otherwise), obstore (obstore for http:// too) or fsspec (always)",
+        "http://, https:// and s3://, obstore for gs and az when their options translate, "
+        "fsspec otherwise), obstore (obstore wherever it serves the protocol) or fsspec "
+        "(always)",
     )
     g.add_argument(
         "--retries",
@@ -593,6 +596,9 @@ def parse_args(argv: list[str]) -> Config:
     values = {k: v for k, v in vars(args).items() if k != "mount_options" and v is not None}
     values["remote_options"] = per_protocol(args.remote_options, args.remote_protocol)
     try:
+        for scope, options in values["remote_options"].items():
+            check_headers(options, "--remote-options" + ("" if scope == "*" else f" {scope}"))
+        check_headers(values.get("refs_options") or {}, "--refs-options")
         values["refs"] = refs_location(args.refs)
     except UsageError as exc:
         parser.error(str(exc))
@@ -617,6 +623,26 @@ def refs_location(given: str | None) -> str:
     if not location:
         raise UsageError(f"{path} holds no REFS")
     return location
+
+
+def check_headers(options: Mapping[str, Any], where: str) -> None:
+    """UsageError naming the header of ``options`` (``headers``, ``client_kwargs.headers``)
+    that cannot be sent as given: a name or value that would end its header line (see
+    :mod:`refmount.header_text`)."""
+    client = options.get("client_kwargs")
+    for found in (
+        options.get("headers"),
+        client.get("headers") if isinstance(client, dict) else None,
+    ):
+        if found is None:
+            continue
+        if not isinstance(found, dict):
+            raise UsageError(f"{where}: headers must be an object of names and values")
+        for name, value in found.items():
+            problem = header_text.name_problem(name) or header_text.value_problem(value)
+            if problem is not None:
+                shown = header_text.escaped(str(name), 40)
+                raise UsageError(f"{where}: header {shown!r}: {problem}")
 
 
 def per_protocol(options: dict[str, Any], remote_protocol: str | None) -> dict[str, dict]:

@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from fsspec.core import split_protocol
 
+from refmount.header_text import escaped
 from refmount.protocols import LOCAL_PROTOCOLS
 
 HIDDEN = "***"
@@ -108,11 +109,18 @@ class Scrubber:
 
 
 class ScrubbingFormatter(logging.Formatter):
-    """A formatter whose every line (tracebacks included) went through a scrubber."""
+    """A formatter whose every line (tracebacks included) went through a scrubber, and
+    whose message is one line: a control character in it (a CR LF a reference set or a
+    server put in a value quoted by the message) is written as an escape, so that no
+    value can forge a line of the log."""
 
     def __init__(self, scrub: Scrubber, fmt: str | None = None) -> None:
         super().__init__(fmt)
         self._scrub = scrub
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escaped(record.message, limit=None)
+        return super().formatMessage(record)
 
     def format(self, record: logging.LogRecord) -> str:
         return self._scrub(super().format(record))

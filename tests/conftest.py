@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.azurite import Azurite
+from tests.support.gcs import FakeGcsServer
+
 # Re-exported: test modules import these names from here.
 from tests.support.mounting import (  # noqa: F401
     REFMOUNT,
@@ -23,6 +26,7 @@ from tests.support.mounting import (  # noqa: F401
     unmount,
 )
 from tests.support.nginx import NginxServer
+from tests.support.rawserver import Answer, RawServer
 from tests.support.remote_files import Remote
 from tests.support.servers import MotoServer, RangeServer
 
@@ -79,6 +83,20 @@ def http(http_server: RangeServer) -> Iterator[RangeServer]:
     http_server.clear_faults()
 
 
+@pytest.fixture
+def raw_server() -> Iterator[Callable[[Answer], RawServer]]:
+    """``raw_server(answer)`` starts a :class:`RawServer` on 127.0.0.1, closed after."""
+    servers: list[RawServer] = []
+
+    def start(answer: Answer) -> RawServer:
+        servers.append(RawServer(answer))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
 @pytest.fixture(scope="session")
 def nginx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NginxServer]:
     """nginx on 127.0.0.1 (ranges honoured, no delay) serving a fresh directory, ``.root``."""
@@ -89,6 +107,20 @@ def nginx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NginxServer]:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[MotoServer]:
     with MotoServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[FakeGcsServer]:
+    """fake-gcs-server on 127.0.0.1 (Google Cloud Storage)."""
+    with FakeGcsServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[Azurite]:
+    """Azurite's blob service on 127.0.0.1 (Azure Blob Storage)."""
+    with Azurite() as server:
         yield server
 
 

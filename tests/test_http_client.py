@@ -10,11 +10,8 @@ http:// reads go through this client by default.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import socket
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +24,7 @@ from refmount.fetch.http import backend as http_backend
 from refmount.fetch.http.response import MAX_HEAD, ProtocolError, parse_head
 from refmount.fetch.obstore_backend import ObstoreBackend
 from tests.support.nginx import NginxServer
+from tests.support.rawserver import RawServer, asked_range
 from tests.support.servers import HOST, RangeServer
 
 DATA = bytes((i * 131 + (i >> 8) * 17) % 251 for i in range(300_001))
@@ -73,6 +71,10 @@ def test_a_head_is_parsed_with_repeated_headers_joined() -> None:
         b"HTTP/1.1 20 OK",
         b"HTTP/1.1 200 OK\r\nno colon here",
         b"HTTP/1.1 200 OK\r\nbad name: x",
+        b"HTTP/1.1 200 OK\r\nX: a\nTransfer-Encoding: chunked",
+        b"HTTP/1.1 200 OK\r\nX: a\rb",
+        b"HTTP/1.1 200 OK\r\nX: a\x00b",
+        b"HTTP/1.1 101 Switching Protocols",
     ],
 )
 def test_a_head_that_does_not_parse_is_a_protocol_error(head: bytes) -> None:
@@ -199,63 +201,8 @@ def test_nginx_ranges_and_short_reads_at_the_end(nginx: NginxServer) -> None:
 # -- a server of this file: what well-behaved servers rarely do ----------------------------
 
 
-class RawServer:
-    """Answers each connection with ``answer(request_head) -> (bytes, keep_open)``."""
-
-    def __init__(self, answer: Callable[[bytes], tuple[bytes, bool]]) -> None:
-        self.answer = answer
-        self.requests: list[bytes] = []
-        self.connections = 0
-        self._listener = socket.create_server((HOST, 0))
-        self.port = self._listener.getsockname()[1]
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn, contextlib.suppress(OSError):  # a client that gave up resets
-            buffered = b""
-            while True:
-                while b"\r\n\r\n" not in buffered:
-                    piece = conn.recv(65536)
-                    if not piece:
-                        return
-                    buffered += piece
-                head, _, buffered = buffered.partition(b"\r\n\r\n")
-                self.requests.append(head)
-                reply, keep_open = self.answer(head)
-                conn.sendall(reply)
-                if not keep_open:
-                    return
-
-    def close(self) -> None:
-        self._listener.close()
-
-
-@pytest.fixture
-def raw_server() -> Iterator[Callable[[Callable[[bytes], tuple[bytes, bool]]], RawServer]]:
-    servers: list[RawServer] = []
-
-    def start(answer: Callable[[bytes], tuple[bytes, bool]]) -> RawServer:
-        servers.append(RawServer(answer))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
-
-
 def ranged_answer(head: bytes) -> bytes:
-    spec = next(line for line in head.split(b"\r\n") if line.lower().startswith(b"range:"))
-    first, last = (int(x) for x in spec.split(b"=")[1].split(b"-"))
+    first, last = asked_range(head)
     body = DATA[first : last + 1]
     return (
         f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {first}-{last}/{len(DATA)}\r\n"
@@ -349,7 +296,8 @@ def test_a_header_that_cannot_be_sent_as_given_is_refused(header: dict[str, str]
 def test_urls_the_client_leaves_to_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     target = http_backend._target
     target.cache_clear()
-    assert target("http://h:8080/a/b.nc") == ("h", 8080, b"/a/b.nc")
+    assert target("http://h:8080/a/b.nc", "http")[:3] == ("h", 8080, b"/a/b.nc")
+    assert target("https://h/a/b.nc", "https") == ("h", 443, b"/a/b.nc", "h")
     for url in (
         "http://u:p@h/a",
         "http://h/a?sig=1",
@@ -357,10 +305,10 @@ def test_urls_the_client_leaves_to_the_fallback(monkeypatch: pytest.MonkeyPatch)
         "https://h/a",
         "http://h/a b",
     ):
-        assert target(url) is None, url
+        assert target(url, "http") is None, url
     monkeypatch.setenv("http_proxy", "http://proxy.example:3128")
     monkeypatch.setenv("no_proxy", "near.example")
     target.cache_clear()
-    assert target("http://far.example/a") is None
-    assert target("http://near.example/a") is not None
+    assert target("http://far.example/a", "http") is None
+    assert target("http://near.example/a", "http") is not None
     target.cache_clear()

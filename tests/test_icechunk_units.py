@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from refmount.errors import FetchError
+from refmount.errors import FetchError, RefsError
 from refmount.icechunk.containers import Containers
 from refmount.icechunk.index import ArrayIndex
 from refmount.icechunk.keys import ChunkKeys
+from refmount.icechunk.location import Location, storage
 from refmount.icechunk.manifest import INLINE, NATIVE, VIRTUAL, ArrayRefs, ManifestError
 from refmount.refs.chunkgrid import GridError, chunk_counts, regular_shape
 from refmount.refs.model import Checksum
@@ -134,6 +137,26 @@ def test_virtual_refs_carry_the_manifest_checksums(tmp_path) -> None:
         assert refset.ref(native_id).checksum is None
     finally:
         refset.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "named"),
+    [
+        ("gs://bucket/repo", {"token": "cloud"}, "no equivalent for the option token='cloud'"),
+        ("az://container/repo", {"credential": "x"}, "no equivalent for the option credential"),
+        ("az://container/repo", {}, "no Azure account"),
+    ],
+)
+def test_repository_options_icechunk_cannot_take_are_named(
+    url: str, options: dict, named: str
+) -> None:
+    with pytest.raises(RefsError, match=re.escape(named)):
+        storage(Location.of(url), options)
+
+
+def test_an_abfs_url_names_its_account() -> None:
+    made = storage(Location.of("abfs://container@acct.dfs.core.windows.net/repo"), {"anon": True})
+    assert "acct" in repr(made) and "container" in repr(made)
 
 
 def _rect(*dims: object) -> dict:

@@ -108,6 +108,10 @@ def test_other_stores_options_translate(tmp_path: Path) -> None:
     assert azure.client_options["allow_http"] is True
     sas = translate("az", {"account_name": "acc", "sas_token": "sv=1&sig=2"})
     assert sas.config == {"account_name": "acc", "sas_key": "sv=1&sig=2"}
+    bearer = translate("gs", {"token": "ya29.access", "endpoint_url": f"http://{HOST}:1"})
+    assert (bearer.bearer_token, bearer.config) == ("ya29.access", {"base_url": f"http://{HOST}:1"})
+    hosted = translate("az", {"account_name": "acc", "account_host": "acc.blob.example.org"})
+    assert hosted.config == {"account_name": "acc", "endpoint": "https://acc.blob.example.org"}
 
 
 @pytest.mark.parametrize(
@@ -142,8 +146,13 @@ def test_untranslatable_options_keep_the_protocol_on_fsspec(
 def test_backend_choice(s3_server: MotoServer) -> None:
     assert isinstance(make_backend("http", {}), HttpBackend)
     assert isinstance(make_backend("http", {}, "obstore"), ObstoreBackend)
-    assert isinstance(make_backend("https", {}), ObstoreBackend)
-    assert isinstance(make_backend("s3", s3_server.storage_options), ObstoreBackend)
+    assert isinstance(make_backend("https", {}), HttpBackend)
+    assert isinstance(make_backend("https", {}, "obstore"), ObstoreBackend)
+    s3 = make_backend("s3", s3_server.storage_options)
+    assert isinstance(s3, HttpBackend) and s3.s3 is not None
+    assert isinstance(make_backend("s3", s3_server.storage_options, "obstore"), ObstoreBackend)
+    # Credentials only botocore finds (here: none at all) stay with obstore.
+    assert isinstance(make_backend("s3", {"endpoint_url": s3_server.endpoint}), ObstoreBackend)
     assert isinstance(make_backend("https", {}, "fsspec"), FsspecBackend)
     assert isinstance(make_backend("ftp", {}), FsspecBackend)
 

@@ -18,6 +18,7 @@ import datetime
 import email.utils
 import os
 
+from refmount import header_text
 from refmount.errors import FetchError
 from refmount.redaction import redact_url
 from refmount.refs.model import Checksum
@@ -59,9 +60,12 @@ def mismatch(checksum: Checksum, *, etag: object, modified: object) -> str | Non
     does not match."""
     if checksum.etag is not None:
         if not isinstance(etag, str) or not etag.strip():
-            return f"the store names no ETag to compare with {checksum.etag}"
+            return (
+                f"the store names no ETag to compare with {header_text.escaped(checksum.etag, 80)}"
+            )
         if _opaque(etag) != _opaque(checksum.etag):
-            return f"ETag {etag.strip()}, referenced {checksum.etag}"
+            shown = header_text.escaped(etag.strip(), 80)
+            return f"ETag {shown}, referenced {header_text.escaped(checksum.etag, 80)}"
         return None
     if checksum.last_modified is not None:
         when = seconds(modified)

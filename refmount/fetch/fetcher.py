@@ -1,8 +1,8 @@
 """Remote byte ranges from trio: deadlines, retries and length checks for every backend.
 
 Each protocol (or host with options of its own) is served by one backend
-(:mod:`refmount.fetch.backend`): local files by :class:`LocalBackend`; plain http by
-refmount's own client (:mod:`refmount.fetch.http`); https, s3, gs and az by obstore where
+(:mod:`refmount.fetch.backend`): local files by :class:`LocalBackend`; http, https and
+s3 by refmount's own client (:mod:`refmount.fetch.http`); gs and az by obstore where
 it can serve them (:mod:`refmount.fetch.obstore_backend`), everything else by
 :class:`FsspecBackend`; with ``--fetch-workers`` the remote ones run in worker processes
 (:mod:`refmount.workers.fetching`).  The fetcher wraps every
@@ -23,6 +23,7 @@ import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import fsspec
 import trio
@@ -32,6 +33,7 @@ from refmount.fetch.backend import MAX_FILE_SIZE, Backend, Version, WrongAnswer
 from refmount.fetch.checksums import ChangedObject
 from refmount.fetch.local import LocalBackend
 from refmount.fetch.obstore_backend import make_backend
+from refmount.fetch.trust import certificate_failure
 from refmount.protocols import LOCAL_PROTOCOLS
 from refmount.redaction import redact
 from refmount.refs.model import Checksum
@@ -108,8 +110,9 @@ class Fetcher:
     remote_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     policy: FetchPolicy = field(default_factory=FetchPolicy)
     stats: FetchStats = field(default_factory=FetchStats)
-    #: "auto": refmount's own client for http://, obstore where it serves the protocol;
-    #: "obstore": obstore for http:// too; "fsspec": fsspec always (see make_backend)
+    #: "auto": refmount's own client for http://, https:// and s3://, obstore where it
+    #: serves the protocol; "obstore": obstore for those too; "fsspec": fsspec always
+    #: (see make_backend)
     backend: str = "auto"
     #: What makes a remote scope's backend: :func:`make_backend` in this process, or
     #: the same call in the fetch worker processes (``FetchWorkers.backend``).
@@ -356,6 +359,10 @@ class Fetcher:
                 self._fail(url, str(exc))
                 raise
             except Exception as exc:
+                failure = certificate_failure(exc, urlsplit(url).netloc)
+                if failure is not None:  # final: a retry meets the same certificate
+                    self._fail(url, str(failure))
+                    raise FetchError(f"{redact(url)}: {failure}", errno.EIO) from exc
                 err, retry, reason = classify(exc)
                 if not retry:
                     self._fail(url, reason)

@@ -49,15 +49,18 @@ from refmount.fetch import checksums
 from refmount.fetch.backend import Backend, Version, sized, version_of
 from refmount.fetch.fsspec_backend import FsspecBackend, on_fsspec_loop
 from refmount.fetch.http import HttpBackend
+from refmount.fetch.http.s3 import s3_client
 from refmount.fetch.obstore_options import (
     AZURE_PROTOCOLS,
     HTTP_PROTOCOLS,
     OBSTORE_PROTOCOLS,
     RETRY_CONFIG,
+    S3_PROTOCOLS,
     StoreConfig,
     Untranslatable,
     translate,
 )
+from refmount.fetch.trust import certificate_failure, fsspec_options, split_options
 from refmount.redaction import redact
 from refmount.refs.model import Checksum
 
@@ -97,14 +100,17 @@ def make_backend(
 ) -> Backend:
     """The backend for a remote protocol.
 
-    ``auto``: plain ``http://`` ranges through refmount's own client
-    (:mod:`refmount.fetch.http`), which hands what it does not do itself to the backend
-    ``obstore`` would choose; ``obstore``: obstore where the protocol is one it serves,
+    ``auto``: ``http://``, ``https://`` and ``s3://`` ranges through refmount's own
+    client (:mod:`refmount.fetch.http`; for S3 where it can sign and address the
+    requests itself), which hands what it does not do itself to the backend ``obstore``
+    would choose; ``obstore``: obstore where the protocol is one it serves,
     it is installed and every option translates, fsspec otherwise (with one log line
     saying why, when obstore was possible); ``fsspec``: fsspec always.
     ``deadline`` is the fetcher's deadline per attempt (None: none, obstore's default
-    timeout stays), ``threads`` the worker threads obstore may read in at once."""
-    fsspec_backend = FsspecBackend(protocol, options)
+    timeout stays), ``threads`` the worker threads obstore may read in at once.  Every
+    backend verifies TLS against the same trust (:mod:`refmount.fetch.trust`)."""
+    trust, options = split_options(options)
+    fsspec_backend = FsspecBackend(protocol, fsspec_options(protocol, options, trust))
     if choice == "fsspec" or protocol not in OBSTORE_PROTOCOLS:
         return fsspec_backend
     try:
@@ -112,14 +118,23 @@ def make_backend(
     except Untranslatable as exc:
         log.info("%s: byte ranges through fsspec: obstore has no equivalent for %s", protocol, exc)
         return fsspec_backend
+    config.client_options["root_certificate"] = trust.pem()
     backend: Backend = fsspec_backend
     if importlib.util.find_spec("obstore") is None:
         log.info("%s: byte ranges through fsspec: obstore is not installed", protocol)
     else:
         timeout = None if deadline is None else deadline + TIMEOUT_MARGIN
         backend = ObstoreBackend(protocol, config, fsspec_backend, timeout, threads)
-    if choice == "auto" and protocol == "http":
-        return HttpBackend(config.client_options["default_headers"], backend)
+    if choice != "auto":
+        return backend
+    headers = config.client_options["default_headers"]
+    if protocol == "http":
+        return HttpBackend(headers, backend)
+    if protocol == "https":
+        return HttpBackend(headers, backend, tls=trust.context())
+    if protocol in S3_PROTOCOLS and (s3 := s3_client(config)) is not None:
+        tls = trust.context() if s3.scheme == "https" else None
+        return HttpBackend(headers, backend, tls=tls, s3=s3)
     return backend
 
 
@@ -156,7 +171,7 @@ class ObstoreBackend:
                 limiter=self._threads, abandon_on_cancel=True,
             )  # fmt: skip
         except Exception as exc:
-            raise _translated(exc, url) from None
+            raise _translated(exc, url, self._host(url)) from None
         finally:
             self._last_request = time.monotonic()
         return data
@@ -196,7 +211,7 @@ class ObstoreBackend:
             return await on_fsspec_loop(_head(self._obstore, store, path))
         except Exception as exc:
             if not _head_unusable(exc):
-                raise _translated(exc, url) from None
+                raise _translated(exc, url, self._host(url)) from None
             log.debug("%s: no answer from HEAD (%s); asking fsspec", redact(url), _first_line(exc))
             return None
         finally:
@@ -213,6 +228,11 @@ class ObstoreBackend:
             time.sleep(settle)
         self._stores.clear()
         self.fallback.close()
+
+    def _host(self, url: str) -> str:
+        """The host a request for ``url`` goes to, as errors name it."""
+        endpoint = self.config.config.get("endpoint") or self.config.config.get("base_url")
+        return urlsplit(str(endpoint) if endpoint else url).netloc
 
     # -- stores ---------------------------------------------------------------------------
 
@@ -269,7 +289,10 @@ class ObstoreBackend:
         elif config.kind == "s3":
             store = S3Store(key, config=dict(config.config), **common)
         elif config.kind == "gcs":
-            store = GCSStore(key, config=dict(config.config), **common)
+            token = config.bearer_token
+            provider = None if token is None else lambda: {"token": token, "expires_at": None}
+            settings = dict(config.config)
+            store = GCSStore(key, config=settings, credential_provider=provider, **common)
         else:
             container, _, host = key.partition("@")
             settings = dict(config.config)
@@ -359,10 +382,14 @@ async def _head(obstore: ModuleType, store: Any, path: str) -> Any:
     return await obstore.head_async(store, path)
 
 
-def _translated(exc: Exception, url: str) -> Exception:
+def _translated(exc: Exception, url: str, host: str) -> Exception:
     """obstore's exception as one the fetcher maps to the right errno: a missing object
     is EIO (a key of the reference set is never "no such file"), refused access EACCES,
-    an HTTP status keeps its number (retried where the fetcher retries it)."""
+    an HTTP status keeps its number (retried where the fetcher retries it), a refused
+    certificate names ``host`` and why (not "error sending request")."""
+    failure = certificate_failure(exc, host)
+    if failure is not None:
+        return failure
     from obstore.exceptions import (
         BaseError,
         PermissionDeniedError,

@@ -22,6 +22,7 @@ fsspec option                   obstore configuration
 ``token: "anon"``               ``skip_signature: true``
 ``token: "<file.json>"``        ``service_account`` (the key file's path)
 ``token: {...}`` (a key)        ``service_account_key`` (the key as JSON)
+``token: "<access token>"``     a bearer token (any other string, as gcsfs reads it)
 ``token: null`` / ``"google_default"``  the default credentials (environment)
 ``endpoint_url``                ``base_url``
 **az, abfs, abfss** (adlfs)
@@ -29,6 +30,7 @@ fsspec option                   obstore configuration
 ``sas_token``                   ``sas_key``
 ``connection_string``           its ``AccountName``, ``AccountKey``,
                                 ``SharedAccessSignature``, ``BlobEndpoint`` parts
+``account_host``                ``endpoint``: ``https://<account_host>``
 ``tenant_id`` / ``client_id`` / ``client_secret``  the same names
 ``anon: true``                  ``skip_signature: true``
 **http, https** (fsspec HTTP)
@@ -114,6 +116,8 @@ class StoreConfig:
     client_options: dict[str, Any] = field(
         default_factory=lambda: {**CLIENT_DEFAULTS, "default_headers": dict(IDENTITY)}
     )
+    #: GCS: an access token sent as it is (obstore takes it through a credential provider).
+    bearer_token: str | None = None
 
 
 def translate(protocol: str, options: Mapping[str, Any]) -> StoreConfig:
@@ -216,16 +220,23 @@ def _gcs(options: dict[str, Any]) -> StoreConfig:
         store.config["skip_signature"] = True
     elif isinstance(token, Mapping):
         store.config["service_account_key"] = json.dumps(dict(token))
-    elif isinstance(token, str) and token != "google_default":
-        if not Path(token).expanduser().is_file():
-            raise Untranslatable(f"token={token!r}")
+    elif isinstance(token, str) and token in _GCSFS_TOKEN_METHODS:
+        raise Untranslatable(f"token={token!r}")
+    elif isinstance(token, str) and Path(token).expanduser().is_file():
         store.config["service_account"] = str(Path(token).expanduser())
+    elif isinstance(token, str) and token and token != "google_default":
+        store.bearer_token = token
     elif token not in (None, "google_default"):
         raise Untranslatable("token")
     if (endpoint := options.pop("endpoint_url", None)) is not None:
         _endpoint(store, "base_url", endpoint)
     _refuse_rest(options)
     return store
+
+
+#: gcsfs's ``token`` values that name a way of finding credentials (rather than a key
+#: file or an access token) that obstore has no equivalent for.
+_GCSFS_TOKEN_METHODS = frozenset({"cache", "browser", "cloud"})
 
 
 def _azure(options: dict[str, Any]) -> StoreConfig:
@@ -245,6 +256,8 @@ def _azure(options: dict[str, Any]) -> StoreConfig:
             store.config[theirs] = str(value)
     if options.pop("anon", False):
         store.config["skip_signature"] = True
+    if (host := options.pop("account_host", None)) is not None:
+        _endpoint(store, "endpoint", f"https://{host}")
     _refuse_rest(options)
     return store
 

@@ -20,6 +20,7 @@ from urllib.parse import unquote
 
 import fsspec.core
 
+from refmount import header_text
 from refmount.errors import FetchError
 from refmount.protocols import LOCAL_PROTOCOLS
 from refmount.redaction import redact_url
@@ -62,7 +63,12 @@ class Containers:
     def target(self, url: str, key: str) -> str:
         """The URL (a plain path for a local file) the fetcher reads virtual chunk
         ``key`` from; FetchError (EIO) when the mount may not read ``url``.  A local
-        path is normalised first: ``..`` cannot climb out of a container."""
+        path is normalised first: ``..`` cannot climb out of a container; a URL holding a
+        control character (a CR LF would end a request line) is refused."""
+        problem = header_text.url_problem(url)
+        if problem is not None:
+            shown = header_text.escaped(redact_url(url), 80)
+            raise FetchError(f"{key}: virtual chunk URL {shown!r} {problem}: refused")
         url = self.expand(url, key)
         protocol, path = fsspec.core.split_protocol(url)
         local = protocol in LOCAL_PROTOCOLS

@@ -16,6 +16,12 @@ from typing import Any
 import fsspec.core
 
 from refmount.errors import RefsError
+from refmount.fetch.obstore_options import (
+    AZURE_PROTOCOLS,
+    GCS_PROTOCOLS,
+    Untranslatable,
+    translate,
+)
 from refmount.protocols import LOCAL_PROTOCOLS
 from refmount.redaction import redact_url
 from refmount.refs.source import json_named
@@ -80,7 +86,9 @@ def is_repository(url: str, options: Mapping[str, Any]) -> bool:
 def storage(location: Location, options: Mapping[str, Any]) -> Any:
     """The icechunk ``Storage`` for a repository, from the fsspec-style options refmount
     takes for REFS (``--refs-options``): ``endpoint_url``, ``key``/``secret``, ``anon``,
-    ``client_kwargs.region_name`` for S3; ``headers`` for HTTP."""
+    ``client_kwargs.region_name`` for S3; gcsfs's ``token`` and ``endpoint_url`` for GCS;
+    adlfs's ``account_name``, ``account_key``, ``sas_token``, ``connection_string`` for
+    Azure; ``headers`` for HTTP."""
     import icechunk
 
     if location.local:
@@ -90,10 +98,71 @@ def storage(location: Location, options: Mapping[str, Any]) -> Any:
         return icechunk.http_storage(location.root, headers=dict(headers) if headers else None)
     if location.protocol in ("s3", "s3a"):
         return _s3(location, options)
-    if location.protocol in ("gs", "gcs"):
-        bucket, _, prefix = location.root.partition("://")[2].partition("/")
-        return icechunk.gcs_storage(bucket=bucket, prefix=prefix or None, from_env=True)
+    if location.protocol in GCS_PROTOCOLS:
+        return _gcs(location, options)
+    if location.protocol in AZURE_PROTOCOLS:
+        return _azure(location, options)
     raise RefsError(f"{location.name}: icechunk cannot read {location.protocol}:// repositories")
+
+
+def _translated(location: Location, options: Mapping[str, Any]) -> tuple[dict[str, str], Any]:
+    """icechunk's ``config`` (object_store's keys, as strings) for a GCS or Azure
+    repository, and the whole translation; the options are translated as obstore's are
+    (:mod:`refmount.fetch.obstore_options`), so one set of options serves both."""
+    try:
+        translated = translate(location.protocol, options)
+    except Untranslatable as exc:
+        raise RefsError(
+            f"{location.name}: icechunk has no equivalent for the option {exc}"
+        ) from None
+    config = {key: str(value).lower() if isinstance(value, bool) else str(value)
+              for key, value in translated.config.items()}  # fmt: skip
+    if translated.client_options.get("allow_http"):
+        config["allow_http"] = "true"
+    return config, translated
+
+
+def _gcs(location: Location, options: Mapping[str, Any]) -> Any:
+    import icechunk
+
+    bucket, _, prefix = location.root.partition("://")[2].partition("/")
+    config, translated = _translated(location, options)
+    anonymous = config.get("skip_signature") == "true"
+    token = translated.bearer_token
+    return icechunk.gcs_storage(
+        bucket=bucket,
+        prefix=prefix or None,
+        bearer_token=token,
+        anonymous=anonymous or None,
+        from_env=None if (token or anonymous) else True,
+        config=config,
+    )
+
+
+def _azure(location: Location, options: Mapping[str, Any]) -> Any:
+    """``az://container/prefix``, or ``abfs[s]://container@account.host/prefix``."""
+    import icechunk
+
+    where, _, prefix = location.root.partition("://")[2].partition("/")
+    container, _, host = where.partition("@")
+    config, _ = _translated(location, options)
+    account = config.pop("account_name", None) or host.split(".", 1)[0]
+    if not account:
+        raise RefsError(
+            f"{location.name}: no Azure account: give account_name or connection_string"
+        )
+    key, sas = config.pop("account_key", None), config.pop("sas_key", None)
+    anonymous = config.get("skip_signature") == "true"
+    return icechunk.azure_storage(
+        account=account,
+        container=container,
+        prefix=prefix,
+        access_key=key,
+        sas_token=sas,
+        anonymous=anonymous or None,
+        from_env=None if (key or sas or anonymous) else True,
+        config=config,
+    )
 
 
 def _s3(location: Location, options: Mapping[str, Any]) -> Any:

@@ -27,6 +27,7 @@ from typing import Any
 
 import trio
 
+from refmount import header_text
 from refmount.errors import FetchError
 from refmount.icechunk.containers import Containers
 from refmount.icechunk.index import ArrayIndex
@@ -229,11 +230,19 @@ class IcechunkRefSet(RefSet):
             )
         if kind == NATIVE:
             return Ref(url=self.location.chunk_url(chunks.path(row)), offset=offset, length=length)
+        checksum = chunks.checksum_of(row)
+        if checksum is not None and checksum.etag is not None:
+            problem = header_text.value_problem(checksum.etag)
+            if problem is not None:
+                shown = header_text.escaped(checksum.etag, 60)
+                raise FetchError(
+                    f"{key}: the manifest's checksum ETag {shown!r} {problem}: refused"
+                )
         return Ref(
             url=self.containers.target(chunks.path(row), key),
             offset=offset,
             length=length,
-            checksum=chunks.checksum_of(row),
+            checksum=checksum,
         )
 
     def file_size(self, file_id: int) -> int | None:

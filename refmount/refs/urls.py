@@ -10,6 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import fsspec.core
 
+from refmount import header_text
 from refmount.errors import RefsError
 from refmount.protocols import LOCAL_PROTOCOLS
 
@@ -26,6 +27,7 @@ class UrlResolver:
 
     A reference set read from a non-local location may not point at local files unless
     ``allow_local`` is set: a downloaded refs file must not read the machine's files.
+    A URL holding a control character (a CR LF would end a request line) is refused.
     """
 
     refs_url: str
@@ -48,6 +50,9 @@ class UrlResolver:
         return self._refs_protocol in LOCAL_PROTOCOLS
 
     def __call__(self, url: str) -> str:
+        problem = header_text.url_problem(url)
+        if problem is not None:
+            raise RefsError(f"target URL {header_text.escaped(url, 80)!r} {problem}")
         protocol, path = fsspec.core.split_protocol(url)
         if protocol is None:
             if self.remote_protocol and self.remote_protocol not in LOCAL_PROTOCOLS:

@@ -105,7 +105,9 @@ def setup_logging(config: Config, *, background: bool) -> None:
     root.handlers[:] = [handler]
     root.setLevel(config.log_level)
     if config.log_level != "DEBUG":
-        for noisy in ("fsspec", "aiobotocore", "botocore", "s3fs", "asyncio"):
+        # azure-core logs each request, headers and all, at INFO.
+        noisy_loggers = ("fsspec", "aiobotocore", "botocore", "s3fs", "asyncio")
+        for noisy in (*noisy_loggers, "gcsfs", "google", "adlfs", "azure"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -108,10 +108,11 @@ def write_native(store: Any, version: int) -> None:
     group["native"][:] = native_values(version)
 
 
-def virtual_and_native(store: Any, vds: Any) -> zarr.Group:
-    """The first commit's common part: the virtual dataset, and the native zstd array
-    at version 1; the root group, for more."""
-    vds.vz.to_icechunk(store)
+def virtual_and_native(store: Any, vds: Any, last_updated_at: Any = None) -> zarr.Group:
+    """The first commit's common part: the virtual dataset (its references carrying the
+    checksum ``last_updated_at``, a datetime, when given), and the native zstd array at
+    version 1; the root group, for more."""
+    vds.vz.to_icechunk(store, last_updated_at=last_updated_at)
     group = zarr.open_group(store)
     group.create_array(
         "native", shape=NATIVE_SHAPE, chunks=NATIVE_CHUNKS, dtype="i4",
@@ -217,6 +218,31 @@ def build_s3_repository(endpoint: str, bucket: str, netcdf: Path) -> str:
     virtual_and_native(session.store, vds)
     session.commit("first")
     return f"s3://{bucket}/repo"
+
+
+def build_virtual_repository(
+    directory: Path, prefix: str, store: Any, key: str, last_updated_at: Any = None
+) -> Path:
+    """A local repository, ``directory/repo``, whose virtual chunks are in the netCDF file
+    at ``prefix`` + its name (``key`` in obstore's ``store``, whose root is ``prefix``'s
+    bucket or container), referenced by VirtualiZarr through that store (with the
+    checksum ``last_updated_at``, when given); a native array; one commit.  Uploaded
+    beside the file, it is a repository on that store.  Returns ``directory/repo``."""
+    scheme, _, rest = prefix.partition("://")
+    space = rest.split("/", 1)[0]
+    from icechunk.storage import azure_store  # not exported at the top (icechunk 2.3)
+
+    kinds = {"gs": icechunk.gcs_store, "az": lambda: azure_store(account="devstoreaccount1")}
+    config = icechunk.RepositoryConfig.default()
+    config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(prefix, kinds[scheme]()))
+    root = directory / "repo"
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(root)), config)
+    registry = ObjectStoreRegistry({f"{scheme}://{space}": store})
+    vds = open_virtual_dataset(f"{scheme}://{space}/{key}", registry=registry, parser=HDFParser())
+    session = repo.writable_session("main")
+    virtual_and_native(session.store, vds, last_updated_at)
+    session.commit("first")
+    return root
 
 
 def read_s3_in_process(endpoint: str, bucket: str) -> dict[str, np.ndarray]:

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tests.support.certificates import Certificates
 from tests.support.servers import HOST, _Subprocess, free_port
 
 ECHO_MODULE = Path("/usr/lib/nginx/modules/ngx_http_echo_module.so")
@@ -32,14 +33,28 @@ def nginx_available() -> str | None:
 
 
 def nginx_config(
-    root: Path, port: int, delay: float, prefix: Path, *, autoindex: bool = False
+    root: Path,
+    port: int,
+    delay: float,
+    prefix: Path,
+    *,
+    autoindex: bool = False,
+    tls: tuple[int, Certificates] | None = None,
 ) -> str:
     """A one-server configuration: ``root`` on 127.0.0.1:``port``, ranges honoured,
     no compression, no access log; ``delay`` seconds before each data answer;
     ``autoindex``: a directory's URL answers an index page of its entries (what a
-    catalog over HTTP and rclone's http remote read)."""
+    catalog over HTTP and rclone's http remote read); ``tls``: the same over TLS on a
+    second port, with that certificate."""
     wait = f"echo_sleep {delay:.3f};\n            echo_exec @static;" if delay > 0 else ""
     listing = "autoindex on;" if autoindex else ""
+    secure = ""
+    if tls is not None:
+        tls_port, files = tls
+        secure = (
+            f"listen {HOST}:{tls_port} ssl;\n        ssl_certificate {files.cert};\n"
+            f"        ssl_certificate_key {files.key};\n        ssl_session_cache off;"
+        )
     return f"""
 load_module {ECHO_MODULE};
 daemon off;
@@ -67,6 +82,7 @@ http {{
     default_type application/octet-stream;
     server {{
         listen {HOST}:{port};
+        {secure}
         root {root};
         {listing}
         location / {{
@@ -94,8 +110,11 @@ class NginxServer(_Subprocess):
         *,
         startup_timeout: float = 20.0,
         autoindex: bool = False,
+        tls: Certificates | None = None,
     ) -> None:
         super().__init__()
+        self.tls = tls
+        self.tls_port = 0
         self.root = Path(root).resolve()
         self.delay = delay
         self.autoindex = autoindex
@@ -107,6 +126,12 @@ class NginxServer(_Subprocess):
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
+    @property
+    def https_url(self) -> str:
+        """The same files over TLS (with ``tls`` certificates only)."""
+        assert self.tls is not None
+        return f"https://{HOST}:{self.tls_port}"
+
     def start(self) -> None:
         why = nginx_available()
         if why is not None:
@@ -114,12 +139,19 @@ class NginxServer(_Subprocess):
         self._prefix = tempfile.TemporaryDirectory(prefix="refmount-nginx-")
         prefix = Path(self._prefix.name)
         self.port = free_port()
+        if self.tls is not None:
+            self.tls_port = free_port()
         config = prefix / "nginx.conf"
-        config.write_text(
-            nginx_config(self.root, self.port, self.delay, prefix, autoindex=self.autoindex)
-        )
+        config.write_text(self.config_text(prefix))
         self._spawn(["nginx", "-p", str(prefix), "-c", str(config)])
         self._wait_ready()
+
+    def config_text(self, prefix: Path) -> str:
+        """nginx's configuration, its scratch files under ``prefix``."""
+        tls = None if self.tls is None else (self.tls_port, self.tls)
+        return nginx_config(
+            self.root, self.port, self.delay, prefix, autoindex=self.autoindex, tls=tls
+        )
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout

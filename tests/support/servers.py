@@ -123,6 +123,24 @@ class _Subprocess:
     def start(self) -> None:
         raise NotImplementedError
 
+    def _wait_answering(self, url: str, name: str, timeout: float) -> None:
+        """Return once ``url`` answers at all (any HTTP status); fail, quoting the log,
+        when the process exits or ``timeout`` seconds pass first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise self._fail(f"{name} exited with status {self._proc.returncode}")
+            try:
+                with _opener.open(url, timeout=2.0):
+                    return
+            except urllib.error.HTTPError:
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise self._fail(f"{name} did not answer within {timeout:g} s") from None
+                time.sleep(0.1)
+
 
 class RangeServer(_Subprocess):
     """tests/support/rangeserver.py serving root on 127.0.0.1, with faults under control.

@@ -1,5 +1,5 @@
-"""refmount's own HTTP/1.1 client for byte ranges of plain ``http://`` URLs (see
-:mod:`refmount.fetch.http.backend`)."""
+"""refmount's own HTTP/1.1 client for byte ranges of ``http://``, ``https://`` and
+``s3://`` URLs (see :mod:`refmount.fetch.http.backend`)."""
 
 from refmount.fetch.http.backend import HttpBackend, HttpStatus
 

@@ -1,4 +1,4 @@
-"""Keep-alive HTTP/1.1 connections on trio sockets, and a pool of idle ones per host.
+"""Keep-alive HTTP/1.1 connections on trio sockets (pooled by :mod:`.pool`).
 
 A connection reads an answer's head into a small buffer of its own and its body straight
 into the caller's buffer (``recv_into``): no piece of a body is ever a Python object of
@@ -10,15 +10,14 @@ an answer it did not read to the end is closed, never pooled.
 from __future__ import annotations
 
 import os
-import time
+import select
+import ssl
 
 import trio
 
-from refmount.fetch.http.response import MAX_HEAD, Head, ProtocolError, parse_head
+from refmount.fetch.http.response import MAX_HEAD, MAX_INTERIM, Head, ProtocolError, parse_head
+from refmount.fetch.http.tls import TlsStream
 
-#: Seconds an idle connection is kept: servers close theirs after 5 s (Apache) to
-#: 75 s (nginx); one closed meanwhile costs a second try on a new connection.
-IDLE_SECONDS = 30.0
 _END_OF_HEAD = b"\r\n\r\n"
 
 
@@ -35,9 +34,11 @@ class ConnectionLost(Exception):
 class Connection:
     """One TCP connection to a server."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.SocketStream | TlsStream) -> None:
         self._stream = stream
-        self._socket = stream.socket
+        #: What is read and polled: the TCP socket, or the TLS connection over it.
+        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else stream
+        self._recv_into = self._socket.recv_into
         self._head = bytearray(MAX_HEAD)
         #: Bytes of the body that came in with the head: ``_head[_spare:_spare_end]``.
         self._spare = self._spare_end = 0
@@ -49,24 +50,45 @@ class Connection:
     async def open(cls, host: str, port: int) -> Connection:
         return cls(await trio.open_tcp_stream(host, port))
 
+    @classmethod
+    async def open_tls(cls, host: str, port: int, context: ssl.SSLContext) -> Connection:
+        return cls(await TlsStream.open(host, port, context))
+
     async def send(self, request: bytes) -> None:
         await self._stream.send_all(request)
 
     async def read_head(self) -> Head:
-        """The next answer's head; the body's first bytes stay for :meth:`read_body`."""
-        view, got = memoryview(self._head), 0
-        while True:
-            n = await self._socket.recv_into(view[got:])
-            if n == 0:
-                raise ConnectionLost("the server closed the connection", answered=got > 0)
-            start = max(0, got - len(_END_OF_HEAD) + 1)
-            got += n
-            end = self._head.find(_END_OF_HEAD, start, got)
-            if end >= 0:
-                self._spare, self._spare_end = end + len(_END_OF_HEAD), got
-                return parse_head(view[:end])
+        """The next final answer's head, past at most ``MAX_INTERIM`` interim (1xx)
+        answers; the body's first bytes stay for :meth:`read_body`."""
+        answered = False
+        for _ in range(MAX_INTERIM + 1):
+            head = await self._read_one_head(answered)
+            if not head.interim:
+                return head
+            answered = True
+        raise ProtocolError(f"more than {MAX_INTERIM} interim (1xx) answers")
+
+    async def _read_one_head(self, answered: bool) -> Head:
+        """One head, starting with what came in after the last one (an interim answer's
+        successor may share its packet)."""
+        buffer, view = self._head, memoryview(self._head)
+        got = self._spare_end - self._spare
+        if got:
+            buffer[:got] = buffer[self._spare : self._spare_end]
+        self._spare = self._spare_end = 0
+        start = 0
+        while (end := buffer.find(_END_OF_HEAD, start, got)) < 0:
             if got == MAX_HEAD:
                 raise ProtocolError(f"a head longer than {MAX_HEAD} bytes")
+            start = max(0, got - len(_END_OF_HEAD) + 1)
+            n = await self._recv_into(view[got:])
+            if n == 0:
+                raise ConnectionLost(
+                    "the server closed the connection", answered=answered or got > 0
+                )
+            got += n
+        self._spare, self._spare_end = end + len(_END_OF_HEAD), got
+        return parse_head(view[:end])
 
     async def read_body(self, into: memoryview) -> None:
         """Exactly ``len(into)`` bytes of the body into ``into``."""
@@ -75,7 +97,7 @@ class Connection:
         self._spare += spare
         got, size = spare, len(into)
         while got < size:
-            n = await self._socket.recv_into(into[got:])
+            n = await self._recv_into(into[got:])
             if n == 0:
                 raise ConnectionLost(
                     f"the server closed the connection after {got} of {size} body bytes",
@@ -84,9 +106,20 @@ class Connection:
             got += n
 
     @property
-    def drained(self) -> bool:
-        """Whether nothing the server sent is left unread (the next answer starts clean)."""
-        return self._spare == self._spare_end
+    def quiet(self) -> bool:
+        """Whether nothing the server sent is left unread and it has sent nothing since
+        (no byte, no close, no error): only then does the next answer on this connection
+        answer the next request.  A server or proxy that writes more than it was asked
+        (an answer nobody asked for, a body longer than its length) leaves bytes that
+        would be read as the answer to the next request; a zero-timeout poll of the
+        socket sees them, and the connection is closed instead of used again."""
+        if self.closed or self._spare != self._spare_end:
+            return False
+        if isinstance(self._socket, TlsStream) and self._socket.pending():
+            return False  # decrypted bytes that nobody asked for
+        poll = select.poll()
+        poll.register(self._socket.fileno(), select.POLLIN | select.POLLPRI)
+        return not poll.poll(0)
 
     def close(self) -> None:
         """Close the socket; outside trio (the fetcher closed at exit) without telling
@@ -94,47 +127,12 @@ class Connection:
         if self.closed:
             return
         self.closed = True
+        if isinstance(self._socket, TlsStream):
+            self._socket.close()
+            return
         try:
             trio.lowlevel.current_task()
         except RuntimeError:
             os.close(self._socket.detach())
         else:
             self._socket.close()
-
-
-class ConnectionPool:
-    """Idle connections by ``(host, port)``, at most ``max_idle`` each, newest first."""
-
-    def __init__(self, max_idle: int) -> None:
-        self.max_idle = max_idle
-        self._idle: dict[tuple[str, int], list[Connection]] = {}
-        self.opened = 0
-
-    async def take(self, host: str, port: int) -> Connection:
-        idle = self._idle.get((host, port))
-        now = time.monotonic()
-        while idle:
-            connection = idle.pop()
-            if now - connection.idle_since < IDLE_SECONDS:
-                connection.reused = True
-                return connection
-            connection.close()
-        return await self.take_new(host, port)
-
-    async def take_new(self, host: str, port: int) -> Connection:
-        self.opened += 1
-        return await Connection.open(host, port)
-
-    def give_back(self, host: str, port: int, connection: Connection) -> None:
-        idle = self._idle.setdefault((host, port), [])
-        if connection.closed or len(idle) >= self.max_idle or not connection.drained:
-            connection.close()
-            return
-        connection.idle_since = time.monotonic()
-        idle.append(connection)
-
-    def close(self) -> None:
-        for idle in self._idle.values():
-            for connection in idle:
-                connection.close()
-        self._idle.clear()

@@ -3,8 +3,15 @@
 Only what a ranged GET needs is kept: the status, whether the connection may be used
 again, and the headers by lower-case name (repeated headers joined with ``", "``, as
 RFC 9110 allows for lists).  Anything a server should not send (an over-long head, a
-status line or header that does not parse, a ``Content-Length`` that is not one
-number) is a :class:`ProtocolError`: the answer is not used, its connection is closed.
+status line or header that does not parse, a bare CR or LF or a NUL in a header, a
+``Content-Length`` that is not one number) is a :class:`ProtocolError`: the answer is
+not used, its connection is closed.
+
+How a body is framed is decided here too (RFC 9112 section 6.3): a range's body is
+exactly ``Content-Length`` bytes, and an answer with any ``Transfer-Encoding`` is refused
+whether or not it also gives a length (the encoding overrides the length, and a range
+of an encoded body is not the range).  Interim answers (1xx) have no body and are
+skipped by the connection, a bounded number of them (``MAX_INTERIM``).
 """
 
 from __future__ import annotations
@@ -17,6 +24,10 @@ MAX_HEAD = 64 << 10
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: [^\r\n]*)?")
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _CONTENT_RANGE = re.compile(r"bytes (\d{1,19})-(\d{1,19})/(\d{1,19}|\*)")
+#: What no header value holds: a bare CR or LF (another line hidden in this one), NUL.
+_BAD_IN_VALUE = re.compile(rb"[\r\n\x00]")
+#: Interim (1xx) answers skipped before the final one; more is a server that never answers.
+MAX_INTERIM = 8
 
 
 class ProtocolError(Exception):
@@ -42,6 +53,25 @@ class Head:
         if self.minor_version == 0:
             return "keep-alive" in tokens
         return "close" not in tokens
+
+    @property
+    def interim(self) -> bool:
+        """Whether this is an interim answer (``100 Continue``, ``103 Early Hints``):
+        no body, the final answer follows."""
+        return 100 <= self.status < 200
+
+    def framing(self) -> int:
+        """The length of the body, when it is framed as a range's must be: by a
+        ``Content-Length`` alone.  ProtocolError for any ``Transfer-Encoding`` (with or
+        without a length: RFC 9112 lets the encoding win, and chunked framing is not
+        read here), or no length at all."""
+        encoding = self.headers.get("transfer-encoding")
+        if encoding is not None:
+            raise ProtocolError(f"a {self.status} with Transfer-Encoding {encoding[:40]!r}")
+        length = self.content_length()
+        if length is None:
+            raise ProtocolError(f"a {self.status} without a Content-Length")
+        return length
 
     def content_length(self) -> int | None:
         """The body's length; None when the head gives none (a chunked or
@@ -76,9 +106,12 @@ def parse_head(data: bytes | bytearray | memoryview) -> Head:
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
-        if not colon or _TOKEN.fullmatch(name) is None:
+        if not colon or _TOKEN.fullmatch(name) is None or _BAD_IN_VALUE.search(value):
             raise ProtocolError(f"header line {line[:60]!r}")
         key = name.decode("ascii").lower()
         text = value.strip(b" \t").decode("latin-1")
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
-    return Head(int(match.group(2)), int(match.group(1)), headers)
+    head = Head(int(match.group(2)), int(match.group(1)), headers)
+    if head.status == 101:
+        raise ProtocolError("101 Switching Protocols, to a GET that asked for no switch")
+    return head

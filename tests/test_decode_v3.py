@@ -91,21 +91,24 @@ def test_virtualizarr_metadata_becomes_a_v2_zarray_with_the_same_codecs() -> Non
     [
         (base64.b64encode(struct.pack("<d", -999.0)).decode(), -999.0),
         (base64.b64encode(struct.pack("<d", 9.969209968386869e36)).decode(), 9.969209968386869e36),
-        ("not base64 of a double", "not base64 of a double"),
     ],
 )
 def test_a_base64_fill_value_attribute_becomes_its_number(stored: str, number: object) -> None:
     assert array(attributes={"_FillValue": stored}).attributes["_FillValue"] == number
 
 
-def test_a_nan_fill_value_attribute_becomes_the_nan_string_of_the_decoded_view(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    "stored",
+    [base64.b64encode(struct.pack("<d", float("nan"))).decode(), "NaN", "not base64 of a double"],
+)
+def test_a_float_fill_value_attribute_that_is_no_number_is_left_to_fill_value(
+    tmp_path: Path, stored: str
 ) -> None:
-    stored = base64.b64encode(struct.pack("<d", float("nan"))).decode()
+    """Text would be a char ``_FillValue`` to netCDF-C on a float variable (issue 29)."""
     refs = {"zarr.json": group_json(), "a/zarr.json": node(attributes={"_FillValue": stored})}
     view = DecodedRefSet(v3_view(refs, tmp_path).raw, 0)
     attributes = json.loads(view.ref(view.file_id("a/.zattrs")).data)
-    assert attributes["_FillValue"] == "NaN"
+    assert "_FillValue" not in attributes
 
 
 @pytest.mark.parametrize(
@@ -133,7 +136,7 @@ def test_fill_values_are_written_as_v2_writes_them(
         ("bool", None, "|b1", "|u1", {}),
         ("uint8", None, "|u1", "|u1", {}),
         ("int64", "big", ">i8", "<i8", {}),
-        ("float16", "little", "<f2", "<f2", {}),
+        ("float16", "little", "<f2", "<f4", {}),
         ({"name": "numpy.datetime64", "configuration": {"unit": "s", "scale_factor": 1}},
          "little", "<M8[s]", "<i8",
          {"units": "seconds since 1970-01-01T00:00:00", "calendar": "proleptic_gregorian"}),
@@ -230,8 +233,18 @@ def test_data_types_v2_readers_cannot_read_are_left_out_by_the_view(
             },
             "codecs around sharding_indexed",
         ),
-        ({"codecs": [{"name": "transpose", "configuration": {"order": [0, 2, 1]}}]}, "neither C"),
-        ({"chunk_grid": {"name": "rectilinear"}}, "regular grid"),
+        ({"codecs": [{"name": "transpose", "configuration": {"order": [0, 0]}}]}, "permutation"),
+        ({"chunk_grid": {"name": "rectilinear"}}, "no configuration"),
+        (
+            {
+                "chunk_grid": {
+                    "name": "rectilinear",
+                    "configuration": {"kind": "inline", "chunk_shapes": [[1, 3], 3]},
+                }
+            },
+            "irregular",
+        ),
+        ({"chunk_grid": {"name": "hexagonal", "configuration": {}}}, "neither regular"),
         ({"chunk_key_encoding": {"name": "custom"}}, "chunk_key_encoding"),
         ({"dimension_names": ["y"]}, "dimension_names"),
         ({"storage_transformers": [{"name": "x"}]}, "storage transformers"),
@@ -539,11 +552,12 @@ def test_inner_chunks_of_a_shard_through_the_decoded_mount(
     assert mounted.process.poll() is None
 
 
-def test_a_shard_is_fetched_once_for_all_its_inner_chunks(
+def test_a_shard_index_is_fetched_once_for_all_its_inner_chunks(
     mount: Callable[..., Mounted], tmp_path: Path
 ) -> None:
-    """20 inner chunks in 6 shards: 6 requests (the block cache holds each shard for its
-    other inner chunks), 20 decodings."""
+    """20 inner chunks (one not written) in 6 shards: 6 index requests (the block cache
+    holds each index for its shard's other inner chunks) and one per inner chunk
+    written, 20 decodings."""
     values = native_arrays(tmp_path / "store.zarr")["sharded_edge"]
     refs = write_refs(store_refs(tmp_path / "store.zarr"), tmp_path / "refs.json")
     mounted = mount(refs, "--decode", "--xattrs")
@@ -557,4 +571,5 @@ def test_a_shard_is_fetched_once_for_all_its_inner_chunks(
         block[: part.shape[0], : part.shape[1]] = part
         assert (array / name).read_bytes() == block.tobytes(), name
     stats = json.loads(os.getxattr(mounted.mountpoint, "user.refmount.stats"))
-    assert (stats["requests"], stats["decoded_chunks"], stats["decode_errors"]) == (6, 20, 0)
+    assert stats["requests"] <= 6 + 19  # readahead may join neighbouring ranges
+    assert (stats["decoded_chunks"], stats["decode_errors"]) == (20, 0)

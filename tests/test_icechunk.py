@@ -205,8 +205,10 @@ def test_huge_claimed_size_is_refused(copy: Built, mount) -> None:
     store.set_virtual_ref("huge/c/0", url, offset=0, length=1 << 50)
     session.commit("a chunk claiming a petabyte")
     m = mount(copy.root)
-    with pytest.raises(OSError) as raised:
-        os.stat(m.mountpoint / "huge/c/0")
+    # a key of the set: it exists (ENOENT would read as fill values), and reads as EIO
+    assert os.stat(m.mountpoint / "huge/c/0").st_size == 1 << 50
+    with pytest.raises(OSError) as raised, open(m.mountpoint / "huge/c/0", "rb") as chunk:
+        chunk.read(10)
     assert raised.value.errno == errno.EIO
     assert "huge/c/0" in m.log() and "refused" in m.log()
     np.testing.assert_array_equal(read_mount_array(m.mountpoint, "native"), native_values(2))

@@ -14,6 +14,7 @@ from refmount.icechunk.index import ArrayIndex
 from refmount.icechunk.keys import ChunkKeys
 from refmount.icechunk.location import Location, storage
 from refmount.icechunk.manifest import INLINE, NATIVE, VIRTUAL, ArrayRefs, ManifestError
+from refmount.refs.chunkgrid import GridError, chunk_counts, regular_shape
 from refmount.refs.model import Checksum
 
 
@@ -156,3 +157,52 @@ def test_repository_options_icechunk_cannot_take_are_named(
 def test_an_abfs_url_names_its_account() -> None:
     made = storage(Location.of("abfs://container@acct.dfs.core.windows.net/repo"), {"anon": True})
     assert "acct" in repr(made) and "container" in repr(made)
+
+
+def _rect(*dims: object) -> dict:
+    return {"name": "rectilinear", "configuration": {"kind": "inline", "chunk_shapes": list(dims)}}
+
+
+def test_relative_locations_resolve_through_named_containers() -> None:
+    """As icechunk 2.3: ``vcc://NAME/PATH`` is NAME's prefix then PATH, authorized as any
+    URL; a name no container has is refused, never guessed."""
+    allowed = Containers(
+        ["file:///data", "s3://bucket/ok/"],
+        names={"local": "file:///data", "bucket": "s3://bucket/ok/"},
+        local_allowed=True,
+    )
+    assert allowed.target("vcc://local/a.nc", "k") == "/data/a.nc"
+    assert allowed.target("vcc://bucket/x/y.nc", "k") == "s3://bucket/ok/x/y.nc"
+    assert allowed.target("file:///data/a.nc", "k") == "/data/a.nc"
+    for url in ("vcc://nosuch/a.nc", "vcc://local"):
+        with pytest.raises(FetchError, match="names no virtual chunk container"):
+            allowed.target(url, "k")
+    with pytest.raises(FetchError, match="outside every virtual chunk container"):
+        allowed.target("vcc://local/../etc/passwd", "k")
+    with pytest.raises(FetchError, match="outside every"):  # the prefix is a directory
+        allowed.target("file:///database/x", "k")
+
+
+@pytest.mark.parametrize(
+    ("grid", "shape", "counts", "regular"),
+    [
+        ({"name": "regular", "configuration": {"chunk_shape": [4, 3]}}, [10, 6], (3, 2), [4, 3]),
+        (_rect([[4, 2], 2], [3, 3]), [10, 6], (3, 2), None),
+        (_rect([[5, 2]], [3, 3]), [10, 6], (2, 2), [5, 3]),
+        (_rect([4, 4, 4], 3), [10, 6], (3, 2), [4, 3]),
+        (_rect([2, 5, 3], [6]), [10, 6], (3, 1), None),
+        (_rect([[2, 1 << 60]], [6]), [10, 6], (5, 1), [2, 6]),
+    ],
+)
+def test_chunk_grids(grid: dict, shape: list, counts: tuple, regular: list | None) -> None:
+    assert chunk_counts(grid, shape) == counts
+    assert regular_shape(grid, shape) == regular
+
+
+@pytest.mark.parametrize(
+    "grid",
+    [_rect([2, 3], [6]), _rect([[2, 0]], [6]), _rect([[2]], [6]), {"name": "hexagonal"}],
+)
+def test_chunk_grids_refused(grid: dict) -> None:
+    with pytest.raises(GridError):
+        chunk_counts(grid, [10, 6])

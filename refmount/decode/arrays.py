@@ -65,12 +65,18 @@ class ChunkDecoder:
     spec: dict[str, Any] | None = None
     #: Set: the stored ``<U<n>`` values re-encoded to ``|S<4n>`` UTF-8 (``n``).
     utf8_chars: int | None = None
+    #: Set: the values served as this wider dtype (half precision as ``<f4``).
+    widened: np.dtype | None = None
+
+    @property
+    def served_dtype(self) -> np.dtype:
+        return self.dtype if self.widened is None else self.widened
 
     @property
     def job(self) -> tuple[str, dict[str, Any]] | None:
         """The worker job that decodes a chunk (``None``: the bytes are stored as they
         are served, checked here)."""
-        if self.spec is None or not (self.stages or self.utf8_chars):
+        if self.spec is None or not (self.stages or self.utf8_chars or self.widened):
             return None
         return "decode", self.spec
 
@@ -85,8 +91,9 @@ class ChunkDecoder:
         if self.error is not None:
             raise DecodeError(self.error)
         data: Buffer = raw
-        if not self.stages and len(data) != self.size:
-            raise DecodeError(f"an uncompressed chunk of {len(data)} bytes, not {self.size}")
+        stored = math.prod(self.chunks) * self.dtype.itemsize
+        if not self.stages and len(data) != stored:
+            raise DecodeError(f"an uncompressed chunk of {len(data)} bytes, not {stored}")
         for stage, known in zip(self.stages, self.sizes, strict=True):
             size = len(data) - (stage.overhead or 0) if known is None else known
             if size < 0:
@@ -95,6 +102,9 @@ class ChunkDecoder:
             if len(data) != size:
                 raise DecodeError(f"{stage.codec_id} decoded {len(data)} bytes, not {size}")
         data = self._normalised(data)
+        if self.widened is not None:
+            values = np.frombuffer(data, dtype=little_endian(self.dtype))
+            return values.astype(self.widened).tobytes()
         return data if self.utf8_chars is None else utf8_fixed(data, self.utf8_chars)
 
     def _normalised(self, data: Buffer) -> bytes:
@@ -286,6 +296,8 @@ def _decoder(
     }
     if serving.utf8_chars is not None:
         spec["utf8_chars"] = serving.utf8_chars
+    if serving.dtype.itemsize != serving.stored.itemsize:
+        spec["widened"] = little_endian(serving.dtype).str
     return chunk_decoder(spec)
 
 
@@ -296,25 +308,32 @@ def chunk_decoder(spec: Mapping[str, Any]) -> ChunkDecoder:
     again from a decode job's parameters."""
     compressor, filters = spec["compressor"], spec["filters"]
     chunks, order = tuple(spec["chunks"]), spec["order"]
-    listed, utf8 = spec["dtype"], spec.get("utf8_chars")
+    listed, utf8, widened = spec["dtype"], spec.get("utf8_chars"), spec.get("widened")
     dtype = record_dtype(listed, "dtype") if isinstance(listed, list) else np.dtype(listed)
-    size = math.prod(chunks) * dtype.itemsize
+    stored = math.prod(chunks) * dtype.itemsize
+    served = None if widened is None else np.dtype("<f4")
+    size = stored if served is None else math.prod(chunks) * served.itemsize
     identity = json.dumps(
-        [compressor, filters, dtype_json(dtype), chunks, order, utf8], sort_keys=True, default=str
-    )
+        [compressor, filters, dtype_json(dtype), chunks, order, utf8, widened],
+        sort_keys=True, default=str,
+    )  # fmt: skip
     key = hashlib.sha256(identity.encode()).hexdigest()[:32]
     plain = dict(spec)
     if utf8 is not None and (dtype.kind != "U" or utf8 != dtype.itemsize // 4):
         return ChunkDecoder(key, size, chunks, dtype, order, (), (), f"utf8_chars {utf8!r}")
+    if widened is not None and (widened != "<f4" or dtype.kind != "f" or dtype.itemsize != 2):
+        return ChunkDecoder(key, size, chunks, dtype, order, (), (), f"widened {widened!r}")
     if not isinstance(filters, list):
         return ChunkDecoder(key, size, chunks, dtype, order, (), (), f"filters {filters!r}")
     configs = [*([compressor] if compressor is not None else []), *reversed(filters)]
     try:
         stages = tuple(build_stage(config) for config in configs)
-        sizes = _stage_sizes(stages, size)
+        sizes = _stage_sizes(stages, stored)
     except CodecError as exc:
         return ChunkDecoder(key, size, chunks, dtype, order, (), (), str(exc))
-    return ChunkDecoder(key, size, chunks, dtype, order, stages, sizes, spec=plain, utf8_chars=utf8)
+    return ChunkDecoder(
+        key, size, chunks, dtype, order, stages, sizes, spec=plain, utf8_chars=utf8, widened=served
+    )
 
 
 def _stage_sizes(stages: tuple[Stage, ...], size: int) -> tuple[int | None, ...]:

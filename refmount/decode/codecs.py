@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from refmount.decode import arraycodecs
 from refmount.decode.formats import fits, grib, tiff
 from refmount.decode.stage import (
     Buffer,
@@ -322,6 +323,10 @@ def _checksum(codec_id: str, config: Mapping[str, Any]) -> Stage:
 
     if codec_id == "fletcher32":
         codec = numcodecs.Fletcher32()
+    elif codec_id == "jenkins_lookup3":
+        if config.get("prefix") is not None:
+            raise CodecError("jenkins_lookup3: a prefix is not decoded")
+        codec = numcodecs.JenkinsLookup3(initval=integer(config, "initval", 0, (1 << 32) - 1, 0))
     else:
         location = config.get("location", "start")
         if location not in ("start", "end"):
@@ -381,9 +386,12 @@ BUILDERS: dict[str, Callable[[Mapping[str, Any]], Stage]] = {
     "fletcher32": lambda config: _checksum("fletcher32", config),
     "crc32": lambda config: _checksum("crc32", config),
     "adler32": lambda config: _checksum("adler32", config),
+    "jenkins_lookup3": lambda config: _checksum("jenkins_lookup3", config),
     "crc32c": _crc32c,
     # tifffile and kerchunk.tiff write numcodecs' zlib; imagecodecs' own ids also decode
     # with the checked streaming decoders above.
+    # Zarr v3's array codecs (transpose, scale_offset, cast_value), given their dtypes
+    **arraycodecs.BUILDERS,
     **grib.BUILDERS,
     **tiff.BUILDERS,
     **fits.BUILDERS,

@@ -12,6 +12,8 @@ Found by running the readers (``tests/test_decode_dtypes.py``): Debian's ncdump
   ``calendar`` ``proleptic_gregorian`` in the array's ``.zattrs`` (the set's own
   attributes win); NaT is the fill value.  A unit CF has no exact name for (months,
   years, a multiple such as ``M8[10s]``) is left out;
+- ``f2`` (half precision) as ``f4``: every half-precision value is a single-precision
+  one exactly, and Debian's ncdump dies on a tree holding an ``f2`` array;
 - complex is left out (no reader of the matrix reads it without dying);
 - fixed-width strings are left out by default; with ``--decode-strings fixed``
   (readers that read them) ``|S<n>`` is served as it is, and ``<U<n>`` (UTF-32) as
@@ -79,6 +81,8 @@ class Served:
 def served(stored: np.dtype, *, fixed_strings: bool) -> Served:
     """How ``stored`` is served, or :class:`DtypeRefused` saying why it is left out."""
     kind = stored.kind
+    if kind == "f" and stored.itemsize == 2:
+        return Served(stored, np.dtype(stored.byteorder.replace("=", "<") + "f4"))
     if stored.names is not None or kind in "iuf":
         return Served(stored, stored)
     if kind == "b":

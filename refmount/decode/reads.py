@@ -31,6 +31,7 @@ import itertools
 import logging
 import os
 import weakref
+from collections import OrderedDict
 
 import trio
 
@@ -46,6 +47,9 @@ from refmount.refs.model import Checksum, Ref, RefSet
 from refmount.workers import InProcessRunner, JobFailed, JobRunner
 
 log = logging.getLogger(__name__)
+
+#: How many shards' last inner chunk read are remembered (to see a reader going through).
+RECENT_SHARDS = 4096
 
 
 class DecodedPart(Part):
@@ -74,6 +78,8 @@ class DecodedReads:
         self._chunks: weakref.WeakValueDictionary[ChunkKey, DecodedPart] = (
             weakref.WeakValueDictionary()
         )
+        #: Each recently read shard's last inner chunk position (see ``_in_order``).
+        self._last_inner: OrderedDict[tuple[str | None, int, Checksum | None], int] = OrderedDict()
         self._counters = dict.fromkeys(
             ("decoded_chunks", "decoded_bytes", "decoded_hits", "decode_errors"), 0
         )
@@ -159,13 +165,14 @@ class DecodedReads:
         return part
 
     async def _decode(self, array: str, source: Ref, decoding: ChunkDecoding) -> Buffer:
-        raw: Buffer = await self._raw(array, source, decoding.max_raw_size)
         try:
             if isinstance(decoding, ShardDecoder):  # its index here, the inner chunk below
-                inner = decoding.inner_bytes(raw)
+                inner = await self._inner_chunk(array, source, decoding)
                 if inner is None:
                     return decoding.filled()
                 decoding, raw = decoding.inner, inner
+            else:
+                raw = await self._raw(array, source, decoding.max_raw_size)
             job = decoding.job
             if job is not None:
                 return await self.runner.submit(*job, raw, decoding.size)
@@ -175,6 +182,49 @@ class DecodedReads:
             return await trio.to_thread.run_sync(decoding.decode, raw, limiter=self._limiter)
         except (JobFailed, DecodeError) as exc:
             raise FetchError(f"array {array or '/'!r}: a chunk does not decode: {exc}") from None
+
+    async def _inner_chunk(self, array: str, source: Ref, shard: ShardDecoder) -> Buffer | None:
+        """An inner chunk's raw bytes: the shard's index, then the chunk's range only
+        (each an exact reference of the block cache, the index kept there for the
+        shard's other inner chunks); ``None`` for an inner chunk not written."""
+        if source.data is not None:
+            return shard.inner_bytes(await self._raw(array, source, shard.max_raw_size))
+        assert source.url is not None
+        size = source.length
+        if size is None:
+            size = await self.blocks.fetcher.size(source.url)
+        start, end = shard.index_range(size)
+        index = await self._range(source, start, end)
+        found = shard.locate(index, size)
+        if found is None:
+            return None
+        offset, length = found
+        run = shard.run(index, size) if self._in_order(source, shard.position) else None
+        return await self._range(source, offset, offset + length, run)
+
+    def _in_order(self, source: Ref, position: int) -> bool:
+        """Whether another inner chunk of this shard was read before (its reader goes
+        through the shard); notes the shard (a bounded record of recent shards)."""
+        shard = (source.url, source.offset, source.checksum)
+        last = self._last_inner.pop(shard, None)
+        self._last_inner[shard] = position
+        if len(self._last_inner) > RECENT_SHARDS:
+            self._last_inner.popitem(last=False)
+        return last is not None and last != position
+
+    async def _range(
+        self, source: Ref, start: int, end: int, within: tuple[int, int] | None = None
+    ) -> bytes | memoryview:
+        """Bytes ``[start, end)`` of ``source``, fetched as a reference of their own, or
+        cut from the reference ``within`` (a run of inner chunks, fetched once)."""
+        assert source.url is not None
+        if within is not None:  # the whole run, read alike by each of its inner chunks
+            run = await self._range(source, *within)
+            return memoryview(run)[start - within[0] : end - within[0]]
+        first, last = source.offset + start, source.offset + end
+        return await self.blocks.read_buffer(
+            source.url, first, last, (first, last), source.checksum
+        )
 
     async def longest(self, measure: StringMeasure, raw: Buffer) -> int:
         """The longest value of a variable-length string chunk, read by a worker."""

@@ -73,6 +73,7 @@ def open_repository(
         try:
             allowed = Containers(
                 repository.containers(),
+                names=repository.container_names(),
                 narrowed=containers,
                 local_allowed=location.local or allow_local,
             )

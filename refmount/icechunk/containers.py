@@ -5,12 +5,17 @@ virtual reference outside all of them, so that a dataset cannot make its reader 
 arbitrary URLs, and so does refmount.  Within them a reference set's rules apply: local
 files only for a local repository or with ``--allow-local``, and ``--containers`` may
 narrow the prefixes a mount reads further.
+
+A virtual location may be relative, ``vcc://NAME/PATH``: as icechunk 2.3 does, it is the
+URL prefix of the container named ``NAME`` followed by ``PATH``, and that URL is then
+authorized like any other (a name no container has is an error, never a guess).
+Prefixes are compared with a trailing ``/``, as icechunk adds one.
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from urllib.parse import unquote
 
 import fsspec.core
@@ -20,18 +25,40 @@ from refmount.errors import FetchError
 from refmount.protocols import LOCAL_PROTOCOLS
 from refmount.redaction import redact_url
 
+#: The scheme of a virtual location relative to a named container.
+RELATIVE_SCHEME = "vcc://"
+
+
+def _directory(prefix: str) -> str:
+    return prefix if prefix.endswith("/") else f"{prefix}/"
+
 
 class Containers:
     def __init__(
         self,
         declared: Iterable[str],
         *,
+        names: Mapping[str, str] | None = None,
         narrowed: Iterable[str] | None = None,
         local_allowed: bool,
     ) -> None:
-        self.declared = sorted(declared)
+        self.declared = sorted(map(_directory, declared))
+        self.names = {name: _directory(prefix) for name, prefix in (names or {}).items()}
         self.narrowed = sorted(narrowed) if narrowed is not None else None
         self.local_allowed = local_allowed
+
+    def expand(self, url: str, key: str) -> str:
+        """A ``vcc://NAME/PATH`` location as the URL it names; any other as it is."""
+        if not url.startswith(RELATIVE_SCHEME):
+            return url
+        name, slash, path = url[len(RELATIVE_SCHEME) :].partition("/")
+        prefix = self.names.get(name)
+        if not slash or prefix is None:
+            raise FetchError(
+                f"{key}: virtual chunk at {redact_url(url)} names no virtual chunk container "
+                "the repository declares: refused"
+            )
+        return prefix + path
 
     def target(self, url: str, key: str) -> str:
         """The URL (a plain path for a local file) the fetcher reads virtual chunk
@@ -42,6 +69,7 @@ class Containers:
         if problem is not None:
             shown = header_text.escaped(redact_url(url), 80)
             raise FetchError(f"{key}: virtual chunk URL {shown!r} {problem}: refused")
+        url = self.expand(url, key)
         protocol, path = fsspec.core.split_protocol(url)
         local = protocol in LOCAL_PROTOCOLS
         if local:

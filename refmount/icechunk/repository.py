@@ -127,6 +127,11 @@ class Repository:
         declared = self._repo.config.virtual_chunk_containers or {}
         return [container.url_prefix for container in declared.values()]
 
+    def container_names(self) -> dict[str, str]:
+        """The URL prefix of each named virtual chunk container (``vcc://NAME/...``)."""
+        declared = self._repo.config.virtual_chunk_containers or {}
+        return {c.name: c.url_prefix for c in declared.values() if getattr(c, "name", None)}
+
     def nodes(self) -> tuple[list[Node], float]:
         """The snapshot's groups and arrays with their ``zarr.json`` bytes, and the time
         it was written (seconds since the epoch)."""

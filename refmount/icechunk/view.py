@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import repeat
@@ -38,6 +37,7 @@ from refmount.icechunk.manifest import INLINE, NATIVE, ManifestError
 from refmount.icechunk.repository import Node, Repository, history
 from refmount.malloc import bulk_allocations
 from refmount.refs import release_freed_memory
+from refmount.refs.chunkgrid import chunk_counts
 from refmount.refs.model import Child, Ref, RefSet
 
 log = logging.getLogger(__name__)
@@ -373,19 +373,15 @@ def _meta_key(path: str) -> str:
 
 
 def _chunk_keys(node: Node, name: str) -> ChunkKeys:
-    """An array's chunk keys from its ``zarr.json``; an array whose grid refmount cannot
-    read has no chunks (its metadata is still served), with a warning."""
+    """An array's chunk keys from its ``zarr.json`` (a regular or rectilinear grid); an
+    array whose grid refmount cannot read has no chunks (its metadata is still served),
+    with a warning."""
     document = node.document
     try:
         shape = [int(n) for n in document["shape"]]
-        grid_spec = document["chunk_grid"]
-        if grid_spec.get("name") != "regular":
-            raise ValueError(f"chunk grid {grid_spec.get('name')!r} is not regular")
-        chunks = [int(n) for n in grid_spec["configuration"]["chunk_shape"]]
-        if len(chunks) != len(shape) or any(c <= 0 for c in chunks) or any(s < 0 for s in shape):
-            raise ValueError(f"chunk shape {chunks} does not fit shape {shape}")
-        grid = tuple(math.ceil(s / c) for s, c in zip(shape, chunks, strict=True))
-        return ChunkKeys.from_metadata(document, grid)
+        if any(s < 0 for s in shape):
+            raise ValueError(f"shape {shape} has a negative extent")
+        return ChunkKeys.from_metadata(document, chunk_counts(document["chunk_grid"], shape))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         log.warning("%s: %s: its chunks are not served: %s", name, node.path, exc)
         return ChunkKeys((0,) * max(len(document.get("shape") or ()), 1))

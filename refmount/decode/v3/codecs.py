@@ -10,9 +10,11 @@ v2 decoding (:mod:`refmount.decode.arrays`): the same allowlist, bounds and work
 
 A codec refmount does not know keeps its v3 name as the v2 id, which no builder has:
 the array stays in the view and its chunks read as EIO naming the codec, as for v2.
-What cannot be said in v2 terms at all is :class:`ArrayRefused` (the array is left out):
-a ``transpose`` that is neither C nor F order, array-to-array codecs over big-endian
-bytes or beside a ``transpose``, codecs around ``sharding_indexed`` (whose own inner
+A ``transpose`` to C or F order is the ``.zarray``'s ``order``; any other permutation,
+``scale_offset`` and ``cast_value`` are filters of refmount's own
+(:mod:`refmount.decode.arraycodecs`).  What cannot be said in v2 terms at all is
+:class:`ArrayRefused` (the array is left out): array-to-array codecs over big-endian
+bytes or beside a ``transpose`` to F order, codecs around ``sharding_indexed`` (whose own inner
 codecs are translated alike: :mod:`refmount.decode.v3.shards`).  Variable-length values
 (``vlen-utf8``, ``vlen-bytes``) are the v2 filter of the same id, dtype ``|O``.
 """
@@ -31,6 +33,9 @@ CORE_BYTES_CODECS = {"gzip": "gzip", "zstd": "zstd", "blosc": "blosc", "crc32c":
 ARRAY_TO_ARRAY = frozenset(
     ("delta", "fixedscaleoffset", "quantize", "bitround", "astype", "packbits")
 )
+#: zarr-extensions array codecs, decoded by zarr's own implementations
+#: (:mod:`refmount.decode.arraycodecs`); the v3 tree gives them their dtypes.
+VALUE_CODECS = frozenset(("scale_offset", "cast_value"))
 NUMCODECS_PREFIX = "numcodecs."
 _ENDIAN = {"little": "<", "big": ">"}
 
@@ -68,14 +73,17 @@ def _v2_codec(name: str, configuration: dict[str, Any]) -> dict[str, Any]:
     return {"id": name}
 
 
-def _transpose_order(configuration: dict[str, Any], rank: int) -> str:
-    """C or F: the only orders a v2 ``.zarray`` says."""
+def _transpose(configuration: dict[str, Any], rank: int) -> str | dict[str, Any]:
+    """C or F (the orders a v2 ``.zarray`` says), or any other permutation as a
+    ``transpose`` filter (its chunk shape and value size given by the v3 tree)."""
     order = configuration.get("order")
     if order == list(range(rank)):
         return "C"
     if order == list(reversed(range(rank))):
         return "F"
-    raise ArrayRefused(f"transpose order {order!r} is neither C nor F order")
+    if not isinstance(order, list) or sorted(order) != list(range(rank)):
+        raise ArrayRefused(f"transpose order {order!r} is not a permutation of {rank} axes")
+    return {"id": "transpose", "order": order}
 
 
 def v2_pipeline(codecs: Any, rank: int) -> Pipeline:
@@ -90,14 +98,20 @@ def v2_pipeline(codecs: Any, rank: int) -> Pipeline:
         name, configuration = named[at]
         short = name.removeprefix(NUMCODECS_PREFIX)
         if name == "transpose":
-            pipeline.order = _transpose_order(configuration, rank)
+            order = _transpose(configuration, rank)
+            if isinstance(order, dict):
+                array_codecs.append(order)
+            elif order != "C":
+                pipeline.order = order
         elif name.startswith(NUMCODECS_PREFIX) and short in ARRAY_TO_ARRAY:
             array_codecs.append(_v2_codec(name, configuration))
+        elif name in VALUE_CODECS:
+            array_codecs.append({**configuration, "id": name})
         else:
             break
         at += 1
     if array_codecs and pipeline.order != "C":
-        raise ArrayRefused("array codecs beside a transpose are not decoded")
+        raise ArrayRefused("array codecs beside a transpose to F order are not decoded")
     if at < len(named):
         name, configuration = named[at]
         if name == "bytes":
@@ -114,7 +128,7 @@ def v2_pipeline(codecs: Any, rank: int) -> Pipeline:
         elif name in ("vlen-utf8", "vlen-bytes"):
             pipeline.vlen = name
             at += 1
-    if array_codecs and pipeline.endian == ">":
+    if any(c["id"] != "transpose" for c in array_codecs) and pipeline.endian == ">":
         raise ArrayRefused("array codecs over big-endian bytes are not decoded")
     bytes_codecs = [_v2_codec(name, configuration) for name, configuration in named[at:]]
     vlen = [{"id": pipeline.vlen}] if pipeline.vlen else []

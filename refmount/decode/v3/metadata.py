@@ -15,7 +15,9 @@ A group becomes ``.zgroup`` and ``.zattrs``; an array ``.zarray`` and ``.zattrs`
 - ``_ARRAY_DIMENSIONS`` from ``dimension_names``; a dimension without a name gets
   ``_Anonymous_Dim_<size>``, the name netCDF-C gives it;
 - a ``_FillValue`` attribute that VirtualiZarr stored base64-encoded (xarray's v3
-  encoding of a float fill value: the 8 bytes of a little-endian double) as the number.
+  encoding of a float fill value: the 8 bytes of a little-endian double) as the number;
+  a float array's ``_FillValue`` that is not a finite number (NaN, ``"NaN"``) is left
+  out: the ``fill_value`` says it, in the variable's type.
 
 What cannot be presented raises :class:`ArrayRefused` with the reason.
 """
@@ -38,6 +40,7 @@ from refmount.decode.dtypes import CRASHES_NCDUMP, NAT
 from refmount.decode.scalars import DIMENSIONS_ATTRIBUTE
 from refmount.decode.v3.codecs import Pipeline, v2_pipeline
 from refmount.decode.v3.shards import ShardLayout, shard_layout
+from refmount.refs.chunkgrid import GridError, regular_shape
 
 #: netCDF-C's name for a dimension a pure Zarr array does not name.
 ANONYMOUS_DIMENSION = "_Anonymous_Dim_{size}"
@@ -131,12 +134,9 @@ def parse_node(text: bytes, *, fixed_strings: bool = False) -> Group | Array:
 
 def _array(meta: dict[str, Any], attributes: dict[str, Any], fixed_strings: bool) -> Array:
     shape = meta.get("shape")
-    grid = meta.get("chunk_grid")
-    if not isinstance(grid, dict) or grid.get("name") != "regular":
-        raise ArrayRefused(f"chunk grid {grid!r} is not a regular grid")
-    chunks = _configuration(grid).get("chunk_shape")
-    if not (_sizes(shape, 0) and _sizes(chunks, 1)) or len(shape) != len(chunks):
-        raise ArrayRefused(f"shape {shape!r} and chunks {chunks!r} are not dimensions alike")
+    if not _sizes(shape, 0):
+        raise ArrayRefused(f"shape {shape!r} is not a list of extents")
+    chunks = _regular_chunks(meta.get("chunk_grid"), shape)
     rank = len(shape)
     if meta.get("storage_transformers"):
         raise ArrayRefused("storage transformers are not decoded")
@@ -152,7 +152,7 @@ def _array(meta: dict[str, Any], attributes: dict[str, Any], fixed_strings: bool
         "chunks": chunks,
         "dtype": dtype.str,
         "compressor": pipeline.compressor,
-        "filters": pipeline.filters or None,
+        "filters": _bound(pipeline.filters, dtype, chunks) or None,
         "fill_value": _fill_value(meta.get("fill_value"), dtype),
         "order": pipeline.order,
     }
@@ -164,6 +164,44 @@ def _array(meta: dict[str, Any], attributes: dict[str, Any], fixed_strings: bool
         return Array(zarray, attributes, keys)
     grid = tuple(-(-n // c) for n, c in zip(shape, chunks, strict=True))
     return Array(zarray, attributes, keys, shards, grid)
+
+
+def _regular_chunks(grid: Any, shape: list[int]) -> list[int]:
+    """The chunk shape of a regular grid, or of a rectilinear one whose chunks are all
+    alike; an irregular grid has no v2 equivalent."""
+    try:
+        chunks = regular_shape(grid, shape)
+    except GridError as exc:
+        raise ArrayRefused(f"chunk grid: {exc}") from None
+    if chunks is None:
+        raise ArrayRefused(
+            f"its chunk grid {grid.get('name')!r} is irregular: a Zarr v2 array has one chunk "
+            "shape (the raw view serves its chunks)"
+        )
+    return chunks
+
+
+def _bound(filters: list[dict[str, Any]], dtype: np.dtype, chunks: list[int]) -> list[Any]:
+    """The filters with what refmount's array codecs need of the array: the dtype each
+    sees (``cast_value`` changes it, to its ``data_type`` in the same byte order) and,
+    for ``transpose``, the chunk shape and value size."""
+    out: list[Any] = []
+    current = dtype
+    for codec in filters:
+        name = codec.get("id")
+        if name == "scale_offset":
+            codec = {**codec, "dtype": current.str}
+        elif name == "transpose":
+            codec = {**codec, "shape": list(chunks), "itemsize": current.itemsize}
+        elif name == "cast_value":
+            target = codec.get("data_type")
+            if not isinstance(target, str) or target not in _FIXED_TYPES or target == "bool":
+                raise ArrayRefused(f"cast_value to {target!r} is not decoded")
+            encoded = np.dtype(current.byteorder.replace("=", "<") + _FIXED_TYPES[target])
+            codec = {**codec, "decode_dtype": current.str, "encode_dtype": encoded.str}
+            current = encoded
+        out.append(codec)
+    return out
 
 
 def _sizes(value: Any, least: int) -> bool:
@@ -280,8 +318,17 @@ def _array_attributes(
     out = {**attributes, DIMENSIONS_ATTRIBUTE: dimensions}
     fill = out.get(FILL_VALUE_ATTRIBUTE)
     if dtype.kind == "f" and isinstance(fill, str):
-        out[FILL_VALUE_ATTRIBUTE] = _base64_number(fill)
+        fill = out[FILL_VALUE_ATTRIBUTE] = _base64_number(fill)
+    if dtype.kind == "f" and FILL_VALUE_ATTRIBUTE in out and not _finite(fill):
+        # NaN or an infinity has no JSON number: written as text, netCDF-C would make it
+        # a char attribute.  Left to the .zarray's fill_value, which NCZarr turns into a
+        # _FillValue of the variable's type.
+        del out[FILL_VALUE_ATTRIBUTE]
     return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _base64_number(value: str) -> Any:

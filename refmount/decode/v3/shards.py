@@ -6,11 +6,15 @@ shard, two little-endian uint64, both all ones for a chunk not written; the inde
 shard's end (or start), followed by its CRC-32C when ``index_codecs`` say so.
 
 The decoded view presents the array with the inner chunk shape as its chunks; the inner
-chunk ``(i, j)`` is served from the shard holding it: :class:`ShardDecoder` is given the
-whole shard (through the block cache: the shard is fetched once for all its inner
-chunks), checks and reads the index, and decodes the inner chunk's bytes with the inner
-pipeline's decoder.  An inner chunk not written reads as the fill value.  A shard is never
-served as a chunk.
+chunk ``(i, j)`` is served from the shard holding it: its reader
+(:class:`refmount.decode.reads.DecodedReads`) fetches the shard's index (one exact
+range, kept by the block cache under the memory budget like any other bytes, so a
+shard's index is fetched once for all its inner chunks), :class:`ShardDecoder` checks it
+and locates the inner chunk, and only that chunk's byte range is fetched and decoded
+with the inner pipeline's decoder.  A reader going through a shard (a second inner chunk
+of it read) gets each inner chunk's run of :data:`RUN` neighbours in the shard's bytes in
+one request, when they lie back to back.  A shard held inline is read whole.
+An inner chunk not written reads as the fill value.  A shard is never served as a chunk.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ from refmount.decode.arrays import ArrayRefused, ChunkDecoder
 from refmount.decode.codecs import Buffer, DecodeError
 
 _MISSING = (1 << 64) - 1
+#: Inner chunks fetched as one request once a shard is being read: how many, and their
+#: most bytes.
+RUN = 16
+RUN_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -125,27 +133,62 @@ class ShardDecoder:
         by the job (:meth:`refmount.decode.reads.DecodedReads`)."""
         return self.inner.job
 
-    def inner_bytes(self, raw: Buffer) -> memoryview | None:
-        """The inner chunk's encoded bytes in the shard ``raw``, its index checked;
-        ``None`` when the shard holds no such chunk (it reads as the fill value)."""
-        view = memoryview(raw).cast("B")
+    def index_range(self, shard_size: int) -> tuple[int, int]:
+        """Where the index lies in a shard of ``shard_size`` bytes (``[start, end)``)."""
         size = self.layout.index_size
-        if len(view) < size:
-            raise DecodeError(f"a shard of {len(view)} bytes is shorter than its index")
-        index = view[len(view) - size :] if self.layout.end else view[:size]
-        entries = index[: self.layout.count * 16]
+        if shard_size < size:
+            raise DecodeError(f"a shard of {shard_size} bytes is shorter than its index")
+        return (shard_size - size, shard_size) if self.layout.end else (0, size)
+
+    def locate(self, index: Buffer, shard_size: int) -> tuple[int, int] | None:
+        """``(offset, length)`` of the inner chunk in a shard of ``shard_size`` bytes,
+        from its index (checked); ``None`` when the shard holds no such chunk."""
+        view = memoryview(index).cast("B")
+        entries = view[: self.layout.count * 16]
+        if len(view) != self.layout.index_size:
+            raise DecodeError(f"a shard index of {len(view)} bytes, not {self.layout.index_size}")
         if self.layout.checksummed:
             import google_crc32c
 
-            stored = int.from_bytes(index[-4:], "little")
+            stored = int.from_bytes(view[-4:], "little")
             if google_crc32c.value(bytes(entries)) != stored:
                 raise DecodeError("the shard index's crc32c does not match")
         offset, length = np.frombuffer(entries, "<u8")[2 * self.position : 2 * self.position + 2]
         if offset == _MISSING and length == _MISSING:
             return None
-        if offset + length > len(view):
+        if offset + length > shard_size:
             raise DecodeError(f"an inner chunk at {offset}+{length} past the shard's end")
-        return view[int(offset) : int(offset + length)]
+        if length > self.inner.max_raw_size:
+            raise DecodeError(f"an inner chunk of {length} bytes, over {self.inner.max_raw_size}")
+        return int(offset), int(length)
+
+    def run(self, index: Buffer, shard_size: int) -> tuple[int, int] | None:
+        """The byte span of this inner chunk's run: the shard's written inner chunks in
+        the order of their bytes (zarr writes them in Morton order: neighbours), cut in
+        runs of :data:`RUN`; ``None`` unless the run's chunks lie back to back within
+        :data:`RUN_BYTES`.  One request for a reader going through the shard."""
+        rows = np.frombuffer(memoryview(index).cast("B")[: self.layout.count * 16], "<u8")
+        rows = rows.reshape(-1, 2)
+        written = np.flatnonzero((rows[:, 0] != _MISSING) | (rows[:, 1] != _MISSING))
+        ordered = written[np.argsort(rows[written, 0], kind="stable")]
+        at = np.flatnonzero(ordered == self.position)
+        if not len(at):
+            return None
+        first = int(at[0]) - int(at[0]) % RUN
+        members = rows[ordered[first : first + RUN]]
+        start, end = int(members[0, 0]), int(members[-1, 0] + members[-1, 1])
+        back_to_back = end - start == int(members[:, 1].sum())
+        if not back_to_back or end - start > RUN_BYTES or end > shard_size:
+            return None
+        return start, end
+
+    def inner_bytes(self, raw: Buffer) -> memoryview | None:
+        """The inner chunk's encoded bytes in the whole shard ``raw``, its index checked;
+        ``None`` when the shard holds no such chunk (it reads as the fill value)."""
+        view = memoryview(raw).cast("B")
+        start, end = self.index_range(len(view))
+        found = self.locate(view[start:end], len(view))
+        return None if found is None else view[found[0] : found[0] + found[1]]
 
     def filled(self) -> bytes:
         """The inner chunk of a shard that holds none: the fill value."""
@@ -162,7 +205,8 @@ def shard_decoder(
     inner: ChunkDecoder, layout: ShardLayout, position: int, fill_value: Any
 ) -> ShardDecoder:
     """Inner chunk ``position``'s decoder; ``fill_value`` as the ``.zarray`` says it."""
-    little = inner.dtype.newbyteorder("<") if inner.dtype.byteorder == ">" else inner.dtype
+    served = inner.served_dtype
+    little = served.newbyteorder("<") if served.byteorder == ">" else served
     try:
         value = 0 if fill_value is None else fill_value
         fill: bytes | None = np.full(inner.chunks, value, dtype=little).tobytes()

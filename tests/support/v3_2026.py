@@ -1,0 +1,116 @@
+"""What 2026's writers make that the decoded view once failed on (issue 29), written by
+them at test time:
+
+* :func:`codec_store`: a v3 store zarr 3.4 writes: ``float16``, ``scale_offset`` +
+  ``cast_value`` (zarr's own codecs, as ESA's EOPF products use them),
+  ``numcodecs.jenkins_lookup3``, ``transpose`` of order (0, 2, 1), ``complex64``, and
+  three ``rectilinear`` chunk grids (chunks all alike; irregular; a shorter last one);
+* :func:`relative_repository`: an Icechunk repository whose virtual chunks are relative
+  ``vcc://NAME/...`` locations of a named container, one naming no container at all,
+  beside a native array on a rectilinear grid.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import icechunk
+import numpy as np
+import zarr
+from zarr.codecs import CastValue, ScaleOffset, TransposeCodec, ZstdCodec
+
+#: What the decoded view leaves out of :func:`codec_store` (named by ``check``).
+LEFT_OUT = {"complex", "irregular", "short_last"}
+CONTAINER = "data"
+
+
+def codec_store(store: Path, seed: int = 29) -> dict[str, np.ndarray]:
+    """The store, and the values zarr 3 wrote to each array."""
+    from zarr.codecs.numcodecs import JenkinsLookup3
+
+    rng = np.random.default_rng(seed)
+    group = zarr.open_group(store, mode="w", attributes={"title": "2026 writers"})
+    values = {
+        "half": rng.normal(0.0, 100.0, (5, 6)).astype("f2"),
+        "packed": np.round(rng.normal(280.0, 5.0, (6, 7)), 2),
+        "jenkins": rng.integers(-1000, 1000, (10,), dtype="i4"),
+        "transposed": rng.integers(-300, 300, (3, 4, 5), dtype="i2"),
+        "complex": (rng.normal(size=4) + 1j * rng.normal(size=4)).astype("c8"),
+        "regular_edges": rng.integers(0, 100, (10, 6), dtype="i4"),
+        "irregular": rng.integers(0, 100, (10,), dtype="i4"),
+        "short_last": rng.integers(0, 100, (10, 6), dtype="i4"),
+    }
+    arrays = {
+        "half": {"chunks": (2, 4)},
+        "packed": {
+            "chunks": (3, 4),
+            "filters": [ScaleOffset(offset=280, scale=100), CastValue(data_type="int16")],
+            "compressors": [ZstdCodec()],
+        },
+        "jenkins": {"chunks": (4,), "compressors": [JenkinsLookup3()]},
+        "transposed": {"chunks": (2, 3, 4), "filters": [TransposeCodec(order=(0, 2, 1))]},
+        "complex": {"chunks": (2,)},
+        "regular_edges": {"chunks": [[5, 5], [3, 3]]},
+        "irregular": {"chunks": [[2, 5, 3]]},
+        "short_last": {"chunks": [[4, 4, 2], [3, 3]]},
+    }
+    with warnings.catch_warnings(), zarr.config.set({"array.rectilinear_chunks": True}):
+        warnings.simplefilter("ignore")
+        for name, data in values.items():
+            array = group.create_array(
+                name, shape=data.shape, dtype=data.dtype, fill_value=0,
+                dimension_names=[f"{name}_{axis}" for axis in range(data.ndim)],
+                **arrays[name],
+            )  # fmt: skip
+            array[...] = data
+    return values
+
+
+def relative_repository(root: Path, data: Path) -> dict[str, np.ndarray]:
+    """A repository at ``root`` whose virtual chunks lie in ``data`` (a container named
+    :data:`CONTAINER`), written as ``vcc://`` locations; the values icechunk reads."""
+    icechunk.set_logs_filter("error")
+    data.mkdir(parents=True, exist_ok=True)
+    blob = np.arange(40, dtype="<i4")
+    (data / "blob.bin").write_bytes(blob.tobytes())
+    prefix = data.as_uri() + "/"
+    config = icechunk.RepositoryConfig.default()
+    config.set_virtual_chunk_container(
+        icechunk.VirtualChunkContainer(
+            prefix, icechunk.local_filesystem_store(str(data)), name=CONTAINER
+        )
+    )
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(root)), config)
+    session = repo.writable_session("main")
+    store = session.store
+    group = zarr.open_group(store)
+    group.create_array("relative", shape=(40,), chunks=(10,), dtype="i4", fill_value=-1,
+                       dimension_names=["x"], compressors=None)  # fmt: skip
+    for i in range(4):
+        store.set_virtual_ref(
+            f"relative/c/{i}", f"vcc://{CONTAINER}/blob.bin", offset=40 * i, length=40
+        )
+    group.create_array("unnamed", shape=(10,), chunks=(10,), dtype="i4", fill_value=-1,
+                       dimension_names=["y"], compressors=None)  # fmt: skip
+    store.set_virtual_ref(
+        "unnamed/c/0", "vcc://nosuch/blob.bin", offset=0, length=40, validate_container=False
+    )
+    grid = np.arange(60, dtype="i4").reshape(10, 6)
+    with warnings.catch_warnings(), zarr.config.set({"array.rectilinear_chunks": True}):
+        warnings.simplefilter("ignore")
+        group.create_array("rectilinear", shape=(10, 6), chunks=[[2, 5, 3], [6]], dtype="i4",
+                           dimension_names=["a", "b"])[...] = grid  # fmt: skip
+    session.commit("relative virtual chunks")
+    return {"relative": blob, "rectilinear": grid}
+
+
+def open_authorized(root: Path, data: Path) -> icechunk.Repository:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return icechunk.Repository.open(
+            icechunk.local_filesystem_storage(str(root)),
+            authorize_virtual_chunk_access={
+                data.as_uri() + "/": icechunk.credentials.LocalFileSystemAccess
+            },
+        )

@@ -1,0 +1,213 @@
+"""What 2026's writers make reads exactly through both views (issue 29): zarr 3.4's
+``float16``, ``scale_offset``/``cast_value``, ``jenkins_lookup3``, ``transpose`` of any
+order, ``complex64`` and rectilinear chunk grids; Icechunk's relative ``vcc://``
+locations; VirtualiZarr's NaN fill value.  Each read through a real mount by zarr 3 (the
+raw view) and by zarr, Debian's ncdump and GDAL 3.6 (``--decode``).
+
+A chunk refmount cannot serve is EIO when read, never an absent key: zarr and GDAL read
+an absent key as fill values, and a reader would print them with exit status 0.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import ZstdCodec
+
+from tests.support import reader_runs
+from tests.support.reader_datasets import write_datasets
+from tests.support.reader_runs import EQUAL
+from tests.support.v3_2026 import LEFT_OUT, codec_store, open_authorized, relative_repository
+from tests.support.v3_sets import icechunk_refs, store_refs, write_refs
+
+RECTILINEAR = {"array.rectilinear_chunks": True}
+
+
+@pytest.fixture(scope="module")
+def codecs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+    directory = tmp_path_factory.mktemp("codecs2026")
+    values = codec_store(directory / "store.zarr")
+    return write_refs(store_refs(directory / "store.zarr"), directory / "refs.json"), values
+
+
+@pytest.fixture(scope="module")
+def relative(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    directory = tmp_path_factory.mktemp("vcc")
+    values = relative_repository(directory / "repo", directory / "data")
+    return directory / "repo", directory / "data", values
+
+
+def zarr3_raw(mnt: Path, name: str) -> np.ndarray:
+    with warnings.catch_warnings(), zarr.config.set(RECTILINEAR):
+        warnings.simplefilter("ignore")
+        return zarr.open_array(mnt / name, mode="r", zarr_format=3)[...]
+
+
+# -- the raw view ---------------------------------------------------------------------------
+
+
+def test_raw_view_reads_every_array_zarr3_wrote(codecs, mount) -> None:
+    refs, values = codecs
+    m = mount(refs)
+    for name, expected in values.items():
+        np.testing.assert_array_equal(zarr3_raw(m.mountpoint, name), expected, err_msg=name)
+
+
+def test_relative_locations_and_rectilinear_grid_read_as_icechunk_reads(relative, mount) -> None:
+    root, data, values = relative
+    m = mount(root)
+    with zarr.config.set(RECTILINEAR):
+        session = open_authorized(root, data).readonly_session("main")
+        group = zarr.open_group(session.store, mode="r")
+        for name, expected in values.items():
+            np.testing.assert_array_equal(group[name][...], expected, err_msg=name)
+            np.testing.assert_array_equal(zarr3_raw(m.mountpoint, name), expected, err_msg=name)
+    assert sorted(os.listdir(m.mountpoint / "rectilinear/c")) == ["0", "1", "2"]
+    assert (m.mountpoint / "relative/c/3").read_bytes() == values["relative"][30:].tobytes()
+
+
+def test_a_chunk_that_cannot_be_served_is_eio_at_read_never_absent(relative, mount) -> None:
+    """``unnamed/c/0`` is a key of the repository whose location names no container:
+    it exists (stat, listing), and reading it is EIO, in both views; readers fail."""
+    root, _, _ = relative
+    raw, decoded = mount(root), mount(root, "--decode")
+    for m, key in ((raw, "unnamed/c/0"), (decoded, "unnamed/0")):
+        chunk = m.mountpoint / key
+        assert chunk.stat().st_size == 40, key
+        assert chunk.name in os.listdir(chunk.parent)
+        with pytest.raises(OSError) as raised:
+            chunk.read_bytes()
+        assert raised.value.errno == errno.EIO, key
+    assert "names no virtual chunk container" in raw.log()
+    with pytest.raises(OSError) as raised:
+        zarr3_raw(raw.mountpoint, "unnamed")
+    assert raised.value.errno == errno.EIO
+    expected = np.full(10, -1, dtype="i4")  # what a silent fill would read
+    for reader in (reader_runs.gdalmdiminfo, reader_runs.zarr3):
+        outcome = reader(decoded.mountpoint, "unnamed", expected)
+        assert outcome.kind == "refused", (reader.__name__, outcome)
+    outcome = reader_runs.ncdump(decoded.mountpoint, "unnamed", expected, -1)
+    assert outcome.kind == "refused", outcome
+
+
+# -- the decoded view -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def decoded_codecs(codecs, tmp_path_factory: pytest.TempPathFactory):
+    from tests.support.mounting import Mounted
+
+    directory = tmp_path_factory.mktemp("mnt2026")
+    (directory / "mnt").mkdir()
+    m = Mounted(codecs[0], directory / "mnt", ["--decode"], directory / "refmount.log")
+    try:
+        yield m.mountpoint, codecs[1]
+    finally:
+        m.stop()
+
+
+READERS = {
+    "zarr": reader_runs.zarr3,
+    "gdalmdiminfo": reader_runs.gdalmdiminfo,
+    "ncdump": lambda mnt, name, values: reader_runs.ncdump(mnt, name, values, 0),
+}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_decoded_view_reads_exactly_what_it_serves(decoded_codecs, reader: str) -> None:
+    mnt, values = decoded_codecs
+    present = set(os.listdir(mnt))
+    assert present >= set(values) - LEFT_OUT
+    assert not present & LEFT_OUT
+    outcomes = {name: READERS[reader](mnt, name, values[name]) for name in sorted(present - {
+        ".zattrs", ".zgroup", ".zmetadata"})}  # fmt: skip
+    assert outcomes == dict.fromkeys(outcomes, EQUAL), outcomes
+
+
+def test_decoded_metadata_of_new_codecs(decoded_codecs) -> None:
+    mnt, _ = decoded_codecs
+    half = json.loads((mnt / "half/.zarray").read_text())
+    assert (half["dtype"], half["compressor"], half["filters"]) == ("<f4", None, None)
+    packed = json.loads((mnt / "packed/.zarray").read_text())
+    assert (packed["dtype"], packed["filters"], packed["order"]) == ("<f8", None, "C")
+    assert (mnt / "transposed/0/0/0").stat().st_size == 2 * 3 * 4 * 2
+    assert (mnt / "half/0/0").stat().st_size == 2 * 4 * 4
+    failure, printed = reader_runs.ncdump_whole(mnt)  # a float16 variable hid every other
+    assert failure is None, failure
+    assert re.search(r"^\tfloat half\(", printed, re.M), printed[:2000]
+
+
+def test_check_names_what_decode_leaves_out(codecs) -> None:
+    reader_runs.assert_check_names(codecs[0], LEFT_OUT)
+
+
+def test_decoded_repository_leaves_the_irregular_grid_out(relative, mount) -> None:
+    root, _, values = relative
+    m = mount(root, "--decode")
+    assert "rectilinear" not in os.listdir(m.mountpoint)
+    assert "rectilinear" in m.log() and "irregular" in m.log()
+    for reader in (reader_runs.gdalmdiminfo, reader_runs.zarr3):
+        assert reader(m.mountpoint, "relative", values["relative"]) == EQUAL
+
+
+def test_a_nan_fill_value_is_a_float_fill_value(tmp_path: Path, mount) -> None:
+    """VirtualiZarr writes netCDF's NaN ``_FillValue`` into the repository's attributes;
+    the decoded view leaves it to ``fill_value`` ("NaN"), as for kerchunk sets, so
+    netCDF-C sees no text attribute "NaN" on a float variable."""
+    dataset = {d.name: d for d in write_datasets(tmp_path / "data")}["cf"]
+    icechunk_refs(dataset, tmp_path / "repo")
+    m = mount(tmp_path / "repo", "--decode")
+    attributes = json.loads((m.mountpoint / "nanfill/.zattrs").read_text())
+    assert "_FillValue" not in attributes
+    assert json.loads((m.mountpoint / "nanfill/.zarray").read_text())["fill_value"] == "NaN"
+    header = reader_runs.run(["ncdump", "-h", f"file://{m.mountpoint}#mode=zarr,file"])
+    assert header.returncode == 0, header.stderr
+    assert re.search(r"^\tfloat nanfill\(y, x\) ;", header.stdout, re.M), header.stdout
+    assert "nanfill:_FillValue" not in header.stdout  # the text "NaN" was a char attribute
+
+
+# -- sharded arrays by the inner chunk ------------------------------------------------------
+
+
+def test_one_inner_chunk_fetches_its_index_and_its_range_only(
+    http, http_root: Path, mount, tmp_path: Path
+) -> None:
+    """A 64 x 64 float64 shard of 64 inner chunks (zstd) over HTTP: one inner chunk read
+    cold through ``--decode`` fetches at most 2 x (its bytes + the index), counted by the
+    server; its shard's next inner chunks fetch no index again, and come in runs."""
+    values = np.random.default_rng(5).normal(size=(64, 64))
+    store = http_root / "sharded2026.zarr"
+    array = zarr.create_array(
+        store, shape=values.shape, dtype="f8", chunks=(8, 8), shards=(64, 64),
+        compressors=[ZstdCodec(level=1)], dimension_names=["y", "x"], overwrite=True,
+    )  # fmt: skip
+    array[...] = values
+    refs = store_refs(store)
+    for key, ref in refs["refs"].items():
+        if isinstance(ref, list):
+            refs["refs"][key] = [f"{http.url}/sharded2026.zarr/{key}", *ref[1:]]
+    m = mount(write_refs(refs, tmp_path / "refs.json"), "--decode")
+    shard = (store / "c/0/0").read_bytes()
+    index_size = 64 * 16 + 4
+    offsets = np.frombuffer(shard[-index_size:-4], "<u8").reshape(64, 2)
+    http.reset_stats()
+    chunk = (m.mountpoint / "2.3").read_bytes()
+    assert chunk == values[16:24, 24:32].tobytes()
+    fetched = sum(end - start for path, start, end in http.stats()["ranges"] if "c/0/0" in path)
+    inner = int(offsets[2 * 8 + 3][1])
+    assert 0 < fetched <= 2 * (inner + index_size), (fetched, inner, len(shard))
+    http.reset_stats()  # a reader going through the shard: its runs of 16, no index again
+    for i, j in ((2, 4), (2, 5), (3, 4), (3, 5)):
+        got = (m.mountpoint / f"{i}.{j}").read_bytes()
+        assert got == values[8 * i : 8 * i + 8, 8 * j : 8 * j + 8].tobytes(), (i, j)
+    ranges = [(start, end) for path, start, end in http.stats()["ranges"] if "c/0/0" in path]
+    assert (len(shard) - index_size, len(shard)) not in ranges
+    assert len(ranges) == 1, ranges  # Morton order: the four are neighbours in one run

@@ -134,12 +134,10 @@ class HttpBackend:
     """Ranged GETs of one scope's plain ``http://`` URLs; everything else through
     ``fallback``."""
 
-    def __init__(
-        self, headers: Mapping[str, str], fallback: Backend, *, max_idle: int = 32
-    ) -> None:
+    def __init__(self, headers: Mapping[str, str], fallback: Backend) -> None:
         self.headers = _checked_headers(headers)
         self.fallback = fallback
-        self.pool = ConnectionPool(max_idle)
+        self.pool = ConnectionPool()
         self._redirected: dict[str, None] = {}
         self._hosts_seen: set[tuple[str, int]] = set()
 

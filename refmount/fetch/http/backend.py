@@ -12,9 +12,10 @@ hand-over, 0.09 ms per chunk for the same requests in-process
 at once and closes its connection; nothing is left running.
 
 What this client does not do itself goes to the backend that did it before (obstore,
-or fsspec where obstore cannot serve): sizes and versions (HEAD, rare), URLs with user
-information, a query or a fragment, hosts reached through a proxy (``http_proxy``),
-and redirects (each redirected URL is remembered and asked there directly).  TLS
+or fsspec where obstore cannot serve or the scope has headers of the user's): sizes and
+versions (HEAD, rare), URLs with user information, a query or a fragment, hosts reached
+through a proxy (``http_proxy``), and redirects (each redirected URL is remembered and
+asked there directly; which are followed is :mod:`refmount.fetch.redirects`').  TLS
 (``https://``) stays with obstore: trio's TLS runs in Python per 16 KiB record, which
 costs more than obstore's whole request.
 

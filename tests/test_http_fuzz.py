@@ -21,7 +21,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, example, given, settings
 
 from tests.conftest import Mounted
-from tests.support.rawserver import RawServer, Reply, asked_range
+from tests.support.rawserver import RawServer, Reply, asked_range, partial
 from tests.support.remote_files import write_refs
 
 DATA = bytes((i * 89 + (i >> 5)) % 239 for i in range(1 << 17))
@@ -43,16 +43,6 @@ UNTOUCHED = {
     "status": "206", "range": "right", "length": "right", "encoding": "none",
     "junk": "none", "body": "right", "connection": "keep",
 }  # fmt: skip
-
-
-def unasked_answer(first: int, last: int) -> bytes:
-    """A correct answer for the range the next key asks (on this connection), with other
-    bytes: sent after an answer, unasked."""
-    body = OTHER[first : last + 1]
-    return (
-        f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {first}-{last}/{len(DATA)}\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
 
 
 def build(first: int, last: int, case: dict[str, str]) -> tuple[Reply, bool]:
@@ -98,7 +88,7 @@ def build(first: int, last: int, case: dict[str, str]) -> tuple[Reply, bool]:
     payload = {"right": body, "short": body[:-7], "long": body + OTHER[:100], "empty": b"",
                "unasked-answer-after": body}[case["body"]]  # fmt: skip
     if case["body"] == "unasked-answer-after":
-        payload += unasked_answer(first + STEP, last + STEP)
+        payload += partial(first + STEP, last + STEP, OTHER)  # the next key's range
     return head + payload, case["connection"] == "keep"
 
 

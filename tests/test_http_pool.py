@@ -22,7 +22,7 @@ from pathlib import Path
 
 from refmount.fetch.http.pool import IDLE_SECONDS
 from tests.conftest import Mounted
-from tests.support.rawserver import RawServer, Reply, asked_range
+from tests.support.rawserver import RawServer, asked_range, partial
 from tests.support.remote_files import write_refs
 
 DATA = bytes((i * 29 + (i >> 8)) % 241 for i in range(1 << 16))
@@ -73,15 +73,7 @@ def resident(pid: int) -> int:
 def test_one_key_on_each_of_many_hosts_keeps_descriptors_and_memory_bounded(
     mount: Callable[..., Mounted], tmp_path: Path, raw_server: Callable[..., RawServer]
 ) -> None:
-    def answer(head: bytes) -> tuple[Reply, bool]:
-        first, last = asked_range(head)
-        body = DATA[first : last + 1]
-        return (
-            f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {first}-{last}/{len(DATA)}"
-            f"\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode() + body, True
-
-    server = raw_server(answer)
+    server = raw_server(lambda head: (partial(*asked_range(head), DATA), True))
     hosts = spellings(HOSTS + 1)
     refs = {f"k{i:04d}": [server.url("/d.bin", host), 1000, LENGTH] for i, host in enumerate(hosts)}
     m = mount(write_refs(tmp_path, refs), "--timeout", "10", "--retries", "1")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Mounted
-from tests.support.rawserver import RawServer, Reply, asked_range, header_lines
+from tests.support.rawserver import RawServer, Reply, asked_range, header_lines, partial
 from tests.support.remote_files import write_refs
 
 DATA = bytes((i * 71 + (i >> 6)) % 247 for i in range(1 << 16))
@@ -30,12 +30,7 @@ def cat(path: Path) -> subprocess.CompletedProcess[bytes]:
 
 
 def ranged(head: bytes) -> bytes:
-    first, last = asked_range(head)
-    body = DATA[first : last + 1]
-    return (
-        f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {first}-{last}/{len(DATA)}\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+    return partial(*asked_range(head), DATA)
 
 
 def redirecting(elsewhere: str) -> Callable[[bytes], tuple[Reply, bool]]:

@@ -115,3 +115,64 @@ def test_one_key_on_each_of_many_hosts_keeps_descriptors_and_memory_bounded(
     assert descriptors(pid) <= before, (before, os.listdir(f"/proc/{pid}/fd"))
     print(f"most {most}, held {held}, after expiry {descriptors(pid)} descriptors; "
           f"RSS {rss_before >> 20} -> {rss >> 20} MiB")  # fmt: skip
+
+
+#: Reads one key on each host named, through a Fetcher (refmount's own client), once
+#: with a pool of idle connections filled and the process then left with no free
+#: descriptor, once with a few: prints the pool's idle count after each, as JSON.
+NEAR_THE_LIMIT = """
+import json, os, resource, sys, trio
+from refmount.fetch import Fetcher, FetchPolicy
+limit, port, hosts = int(sys.argv[1]), sys.argv[2], sys.argv[4:]
+expected = bytes.fromhex(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+fetcher = Fetcher(policy=FetchPolicy(timeout=5, retries=0))
+seen = []
+
+async def read(host):
+    got = await fetcher.fetch(f"http://{host}:{port}/d.bin", 1000, 1000 + len(expected))
+    assert got == expected, host
+
+async def main():
+    pool = fetcher._backend(f"http://{hosts[0]}:{port}/").pool
+    for host in hosts[:20]:
+        await read(host)
+    seen.append(pool.idle)
+    for free in (0, 3):
+        held = []
+        while True:
+            try:
+                held.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError:
+                break
+        for fd in held[len(held) - free:]:
+            os.close(fd)
+        await read(hosts[20 + free])
+        seen.append(pool.idle)
+        for fd in held[: len(held) - free]:
+            os.close(fd)
+        for host in hosts[:20]:
+            await read(host)
+
+trio.run(main)
+print(json.dumps(seen))
+"""
+
+
+def test_near_the_descriptor_limit_idle_connections_close_first(
+    raw_server: Callable[..., RawServer],
+) -> None:
+    server = raw_server(lambda head: (partial(*asked_range(head), DATA), True))
+    expected = DATA[1000 : 1000 + LENGTH]
+    argv = [sys.executable, "-c", NEAR_THE_LIMIT, "128", str(server.port), expected.hex()]
+    done = subprocess.run([*argv, *spellings(30)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    filled, out_of_descriptors, near = json.loads(done.stdout)
+    assert filled == 20
+    # No descriptor free: the new host's connect closed every idle connection, then read
+    # (its own connection is the one idle after).
+    assert out_of_descriptors == 1
+    # Three free: the new connection's descriptor, numbered past three quarters of the
+    # limit, made the pool close idle ones until a quarter of the limit was free.
+    assert near < 20, near
+    print(f"idle connections: {filled} filled, {out_of_descriptors} and {near} after")

@@ -159,11 +159,13 @@ def _soft_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
-def _out_of_descriptors(exc: BaseException) -> bool:
-    """Whether a failed connect failed for want of a descriptor (trio may wrap the
-    socket's error in one of its own)."""
-    while exc is not None:
-        if isinstance(exc, OSError) and exc.errno in _NO_DESCRIPTORS:
-            return True
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return False
+def _out_of_descriptors(exc: BaseException | None) -> bool:
+    """Whether a failed connect failed for want of a descriptor (trio wraps each
+    attempt's error in one of its own, the attempts' errors in a group)."""
+    if exc is None:
+        return False
+    if isinstance(exc, OSError) and exc.errno in _NO_DESCRIPTORS:
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_out_of_descriptors(inner) for inner in exc.exceptions)
+    return _out_of_descriptors(exc.__cause__ or exc.__context__)

@@ -24,7 +24,7 @@ from refmount.fetch.http import backend as http_backend
 from refmount.fetch.http.response import MAX_HEAD, ProtocolError, parse_head
 from refmount.fetch.obstore_backend import ObstoreBackend
 from tests.support.nginx import NginxServer
-from tests.support.rawserver import RawServer, asked_range
+from tests.support.rawserver import RawServer, asked_range, partial
 from tests.support.servers import HOST, RangeServer
 
 DATA = bytes((i * 131 + (i >> 8) * 17) % 251 for i in range(300_001))
@@ -202,12 +202,7 @@ def test_nginx_ranges_and_short_reads_at_the_end(nginx: NginxServer) -> None:
 
 
 def ranged_answer(head: bytes) -> bytes:
-    first, last = asked_range(head)
-    body = DATA[first : last + 1]
-    return (
-        f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {first}-{last}/{len(DATA)}\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+    return partial(*asked_range(head), DATA)
 
 
 def test_a_kept_alive_connection_closed_unannounced_is_asked_again(

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Mounted
+from tests.support import rawserver
 from tests.support.rawserver import RawServer, Reply, asked_range
 from tests.support.remote_files import write_refs
 
@@ -38,12 +39,7 @@ def path_of(head: bytes) -> str:
 
 
 def partial(first: int, last: int, data: bytes = DATA, extra: str = "") -> bytes:
-    """A correct 206 for ``first-last`` (``extra``: more header lines, each ending CRLF)."""
-    body = data[first : last + 1]
-    return (
-        f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {first}-{last}/{len(data)}\r\n"
-        f"Content-Length: {len(body)}\r\n{extra}\r\n"
-    ).encode() + body
+    return rawserver.partial(first, last, data, extra)
 
 
 def chunked(body: bytes) -> bytes:

@@ -19,7 +19,7 @@ import icechunk
 import zarr
 
 from tests.conftest import Mounted, is_mounted, refmount_cli
-from tests.support.rawserver import RawServer, Reply, asked_range, header_lines
+from tests.support.rawserver import RawServer, Reply, asked_range, header_lines, partial
 from tests.support.remote_files import write_refs
 
 DATA = bytes((i * 61 + (i >> 7)) % 251 for i in range(1 << 16))
@@ -34,12 +34,7 @@ def cat(path: Path) -> subprocess.CompletedProcess[bytes]:
 
 def etagged(head: bytes) -> tuple[Reply, bool]:
     """A 206 for the asked range, its object's ETag ``"good"``."""
-    first, last = asked_range(head)
-    body = DATA[first : last + 1]
-    return (
-        f'HTTP/1.1 206 Partial Content\r\nETag: "good"\r\n'
-        f"Content-Range: bytes {first}-{last}/{len(DATA)}\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body, True
+    return partial(*asked_range(head), DATA, 'ETag: "good"\r\n'), True
 
 
 def assert_nothing_smuggled(server: RawServer) -> None:

@@ -9,17 +9,20 @@ decoded, and an answer that is not the asked range (a 200 to a range that does n
 at 0, a ``Content-Range`` other than the asked one) raises :class:`WrongAnswer`.
 
 A read given a :class:`~refmount.refs.model.Checksum` asks for that version only and
-checks the answer's ETag or Last-Modified (:mod:`refmount.fetch.checksums`).
+checks the answer's ETag or Last-Modified (:mod:`refmount.fetch.checksums`).  HTTP
+redirects are followed here, not by aiohttp, as :mod:`refmount.fetch.redirects` allows.
 
 These coroutines run on fsspec's asyncio loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
-from refmount.fetch import checksums
+from refmount.fetch import checksums, redirects
 from refmount.fetch.backend import MAX_FILE_SIZE, WrongAnswer
 from refmount.refs.model import Checksum
 
@@ -98,14 +101,35 @@ def _raise_for_status(resp: Any, url: str) -> None:
         raise HTTPStatusError(resp.status, url)
 
 
+def _keyed(fs: Any) -> bool:
+    """Whether the filesystem's requests carry headers or credentials of the user's."""
+    found = (fs.kwargs, getattr(fs, "client_kwargs", None) or {})
+    return any(options.get("headers") or options.get("auth") for options in found)
+
+
+@contextlib.asynccontextmanager
+async def _answer(fs: Any, method: str, url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
+    """The answer to ``method url``, redirects followed as :mod:`refmount.fetch.redirects`
+    allows (aiohttp would send the session's headers to any host it is sent to)."""
+    session = await fs.set_session()
+    options = {**_request_options(fs, headers), "allow_redirects": False}
+    for _ in range(redirects.MAX_REDIRECTS + 1):
+        async with session.request(method, fs.encode_url(url), **options) as resp:
+            if resp.status not in redirects.STATUSES:
+                yield resp
+                return
+            location = resp.headers.get("Location")
+        url = redirects.follow(url, location, keyed=_keyed(fs))
+    raise WrongAnswer(f"{url}: more than {redirects.MAX_REDIRECTS} redirects")
+
+
 async def http_range(
     fs: Any, url: str, start: int, end: int, checksum: Checksum | None = None
 ) -> bytes:
     """Bytes ``[start, end)`` of ``url`` through an fsspec ``HTTPFileSystem``'s session."""
-    session = await fs.set_session()
     headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
     headers.update(checksums.http_conditions(checksum))
-    async with session.get(fs.encode_url(url), **_request_options(fs, headers)) as resp:
+    async with _answer(fs, "GET", url, headers) as resp:
         if checksum is not None:
             if resp.status == 412:
                 raise checksums.ChangedObject(url, "HTTP 412: precondition failed")
@@ -135,18 +159,16 @@ async def http_range(
 async def http_size(fs: Any, url: str) -> int:
     """The size of ``url``: its HEAD's ``Content-Length``, else the total of the
     ``Content-Range`` of a one-byte GET (stores that refuse HEAD, such as presigned URLs)."""
-    session = await fs.set_session()
-    options = _request_options(fs, {"Accept-Encoding": "identity"})
-    options.setdefault("allow_redirects", True)  # aiohttp's HEAD follows none by default
-    async with session.head(fs.encode_url(url), **options) as resp:
+    async with _answer(fs, "HEAD", url, {"Accept-Encoding": "identity"}) as resp:
         if resp.status >= 400 and resp.status not in _HEAD_REFUSED:
             raise HTTPStatusError(resp.status, url)
         if resp.status < 300 and resp.headers.get("Content-Encoding", "identity") == "identity":
             length = resp.headers.get("Content-Length")
             if length is not None and length.strip().isdigit():
                 return checked_size(int(length), url)
-    options = _request_options(fs, {"Accept-Encoding": "identity", "Range": "bytes=0-0"})
-    async with session.get(fs.encode_url(url), **options) as resp:
+    async with _answer(
+        fs, "GET", url, {"Accept-Encoding": "identity", "Range": "bytes=0-0"}
+    ) as resp:
         _raise_for_status(resp, url)
         _identity(resp, url)
         match = _CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))

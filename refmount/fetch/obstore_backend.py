@@ -53,6 +53,7 @@ from refmount.fetch.http.s3 import s3_client
 from refmount.fetch.obstore_options import (
     AZURE_PROTOCOLS,
     HTTP_PROTOCOLS,
+    IDENTITY,
     OBSTORE_PROTOCOLS,
     RETRY_CONFIG,
     S3_PROTOCOLS,
@@ -105,7 +106,8 @@ def make_backend(
     requests itself), which hands what it does not do itself to the backend ``obstore``
     would choose; ``obstore``: obstore where the protocol is one it serves,
     it is installed and every option translates, fsspec otherwise (with one log line
-    saying why, when obstore was possible); ``fsspec``: fsspec always.
+    saying why, when obstore was possible), and fsspec for HTTP(S) with headers of the
+    user's (see :mod:`refmount.fetch.redirects`); ``fsspec``: fsspec always.
     ``deadline`` is the fetcher's deadline per attempt (None: none, obstore's default
     timeout stays), ``threads`` the worker threads obstore may read in at once.  Every
     backend verifies TLS against the same trust (:mod:`refmount.fetch.trust`)."""
@@ -122,6 +124,10 @@ def make_backend(
     backend: Backend = fsspec_backend
     if importlib.util.find_spec("obstore") is None:
         log.info("%s: byte ranges through fsspec: obstore is not installed", protocol)
+    elif config.kind == "http" and set(config.client_options["default_headers"]) - {*IDENTITY}:
+        # obstore follows redirects by itself, and sends such headers to any host.
+        log.info("%s: byte ranges through fsspec: obstore would send headers across "
+                 "redirects to other hosts", protocol)  # fmt: skip
     else:
         timeout = None if deadline is None else deadline + TIMEOUT_MARGIN
         backend = ObstoreBackend(protocol, config, fsspec_backend, timeout, threads)

@@ -80,3 +80,13 @@ def asked_range(head: bytes) -> tuple[int, int]:
 def header_lines(head: bytes) -> list[bytes]:
     """The header lines of a request head, lower-cased (the request line left out)."""
     return [line.lower() for line in head.split(b"\r\n")[1:]]
+
+
+def partial(first: int, last: int, data: bytes, extra: str = "") -> bytes:
+    """A correct 206 for bytes ``first-last`` of ``data`` (``extra``: more header lines,
+    each ending in CRLF)."""
+    body = data[first : last + 1]
+    return (
+        f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {first}-{last}/{len(data)}\r\n"
+        f"Content-Length: {len(body)}\r\n{extra}\r\n"
+    ).encode() + body

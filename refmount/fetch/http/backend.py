@@ -13,9 +13,10 @@ hand-over, 0.09 ms per chunk for the same requests in-process
 at once and closes its connection; nothing is left running.
 
 What this client does not do itself goes to the backend that did it before (obstore,
-or fsspec where obstore cannot serve): sizes and versions (HEAD, rare), URLs with user
-information, a query or a fragment, hosts reached through a proxy (``http_proxy``),
-and redirects (each redirected URL is remembered and asked there directly).  TLS
+or fsspec where obstore cannot serve or the scope has headers of the user's): sizes and
+versions (HEAD, rare), URLs with user information, a query or a fragment, hosts reached
+through a proxy (``http_proxy``), and redirects (each redirected URL is remembered and
+asked there directly; which are followed is :mod:`refmount.fetch.redirects`').  TLS
 (``https://``, and ``s3://`` endpoints over https) is a non-blocking ``ssl.SSLSocket``
 (:mod:`refmount.fetch.http.tls`) that decrypts into the same buffers; ``s3://`` requests
 are addressed and signed by :mod:`refmount.fetch.http.s3` and
@@ -165,7 +166,6 @@ class HttpBackend:
         headers: Mapping[str, str],
         fallback: Backend,
         *,
-        max_idle: int = 32,
         tls: ssl.SSLContext | None = None,
         s3: S3Client | None = None,
     ) -> None:
@@ -178,7 +178,7 @@ class HttpBackend:
             if tls is None:
                 raise ValueError("an https:// endpoint needs a TLS context")
             opener = functools.partial(Connection.open_tls, context=tls)
-        self.pool = ConnectionPool(max_idle, opener)
+        self.pool = ConnectionPool(opener=opener)
         self._redirected: dict[str, None] = {}
         self._hosts_seen: set[tuple[str, int]] = set()
 

@@ -19,6 +19,8 @@ from refmount.fetch.http.response import MAX_HEAD, MAX_INTERIM, Head, ProtocolEr
 from refmount.fetch.http.tls import TlsStream
 
 _END_OF_HEAD = b"\r\n\r\n"
+#: The head buffer's first size: most heads are a few hundred bytes.
+HEAD_BUFFER = 16 << 10
 
 
 class ConnectionLost(Exception):
@@ -39,7 +41,8 @@ class Connection:
         #: What is read and polled: the TCP socket, or the TLS connection over it.
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else stream
         self._recv_into = self._socket.recv_into
-        self._head = bytearray(MAX_HEAD)
+        #: the head's buffer, grown up to MAX_HEAD for a long head
+        self._head = bytearray(HEAD_BUFFER)
         #: Bytes of the body that came in with the head: ``_head[_spare:_spare_end]``.
         self._spare = self._spare_end = 0
         self.reused = False
@@ -71,24 +74,29 @@ class Connection:
     async def _read_one_head(self, answered: bool) -> Head:
         """One head, starting with what came in after the last one (an interim answer's
         successor may share its packet)."""
-        buffer, view = self._head, memoryview(self._head)
+        buffer = self._head
         got = self._spare_end - self._spare
         if got:
             buffer[:got] = buffer[self._spare : self._spare_end]
         self._spare = self._spare_end = 0
         start = 0
         while (end := buffer.find(_END_OF_HEAD, start, got)) < 0:
-            if got == MAX_HEAD:
-                raise ProtocolError(f"a head longer than {MAX_HEAD} bytes")
+            if got == len(buffer):
+                if got == MAX_HEAD:
+                    raise ProtocolError(f"a head longer than {MAX_HEAD} bytes")
+                self._head = bigger = bytearray(min(2 * got, MAX_HEAD))
+                bigger[:got] = buffer
+                buffer = bigger
             start = max(0, got - len(_END_OF_HEAD) + 1)
-            n = await self._recv_into(view[got:])
+            with memoryview(buffer) as view:
+                n = await self._recv_into(view[got:])
             if n == 0:
                 raise ConnectionLost(
                     "the server closed the connection", answered=answered or got > 0
                 )
             got += n
         self._spare, self._spare_end = end + len(_END_OF_HEAD), got
-        return parse_head(view[:end])
+        return parse_head(buffer[:end])
 
     async def read_body(self, into: memoryview) -> None:
         """Exactly ``len(into)`` bytes of the body into ``into``."""
@@ -104,6 +112,9 @@ class Connection:
                     answered=True,
                 )
             got += n
+
+    def fileno(self) -> int:
+        return self._socket.fileno()
 
     @property
     def quiet(self) -> bool:

@@ -4,36 +4,76 @@ A connection is given back only after an answer whose body ended exactly at its 
 and kept only while the server has sent nothing more (:attr:`Connection.quiet`, checked
 when it is given back and again when it is taken): anything else it holds would be read
 as the answer to the next request.
+
+What is kept is bounded three ways, the least recently used idle connection closed
+first past each: ``per_host`` idle connections a host, ``total`` for all hosts together
+(a reference set may name thousands of hosts, each read once), and a quarter of the
+process's descriptor limit (``RLIMIT_NOFILE``), so that idle sockets never take the
+descriptors a read needs; when a new connection's descriptor shows the process near its
+limit, idle ones are closed until a quarter of the limit is free again.  An idle
+connection expires ``IDLE_SECONDS`` after it was given back, whether or not its host is
+asked again: a trio task owned by the pool closes it (a system task, running only while
+there are idle connections, cancelled with the pool or the run).
 """
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
+import resource
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+import trio
+
 from refmount.fetch.http.connection import Connection
+
+log = logging.getLogger(__name__)
 
 #: Seconds an idle connection is kept: servers close theirs after 5 s (Apache) to
 #: 75 s (nginx); one closed meanwhile costs a second try on a new connection.
 IDLE_SECONDS = 30.0
+#: Idle connections kept for one host, and for all hosts together.
+PER_HOST = 32
+TOTAL = 256
+_NO_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
+
+Host = tuple[str, int]
 
 
 class ConnectionPool:
-    """Idle connections by ``(host, port)``, at most ``max_idle`` each, newest first."""
+    """Idle connections by ``(host, port)``, newest last; see the module's docstring."""
 
     def __init__(
-        self, max_idle: int, opener: Callable[[str, int], Awaitable[Connection]] = Connection.open
+        self,
+        per_host: int = PER_HOST,
+        total: int = TOTAL,
+        opener: Callable[[str, int], Awaitable[Connection]] = Connection.open,
     ) -> None:
-        self.max_idle = max_idle
+        self.per_host = per_host
+        self.total = total
         self.opener = opener  # plain TCP, or TLS (Connection.open_tls with its context)
-        self._idle: dict[tuple[str, int], list[Connection]] = {}
+        self._by_host: dict[Host, list[Connection]] = {}
+        #: every idle connection, least recently given back first
+        self._lru: OrderedDict[Connection, Host] = OrderedDict()
+        self._reaper: trio.CancelScope | None = None
         self.opened = 0
 
+    @property
+    def idle(self) -> int:
+        return len(self._lru)
+
     async def take(self, host: str, port: int) -> Connection:
-        idle = self._idle.get((host, port))
+        key = (host, port)
+        idle = self._by_host.get(key)
         now = time.monotonic()
         while idle:
             connection = idle.pop()
+            del self._lru[connection]
+            if not idle:
+                del self._by_host[key]
             if now - connection.idle_since < IDLE_SECONDS and connection.quiet:
                 connection.reused = True
                 return connection
@@ -41,19 +81,98 @@ class ConnectionPool:
         return await self.take_new(host, port)
 
     async def take_new(self, host: str, port: int) -> Connection:
+        try:
+            connection = await self.opener(host, port)
+        except OSError as exc:
+            if not (_out_of_descriptors(exc) and self._lru):
+                raise
+            log.info("out of descriptors: closing %d idle connections", len(self._lru))
+            self._close_oldest(len(self._lru))
+            connection = await self.opener(host, port)
         self.opened += 1
-        return await self.opener(host, port)
+        self._leave_room(connection.fileno())
+        return connection
 
     def give_back(self, host: str, port: int, connection: Connection) -> None:
-        idle = self._idle.setdefault((host, port), [])
-        if len(idle) >= self.max_idle or not connection.quiet:
+        if not connection.quiet:
             connection.close()
             return
+        key = (host, port)
+        idle = self._by_host.setdefault(key, [])
         connection.idle_since = time.monotonic()
         idle.append(connection)
+        self._lru[connection] = key
+        if len(idle) > self.per_host:
+            oldest = idle.pop(0)
+            del self._lru[oldest]
+            oldest.close()
+        self._close_oldest(len(self._lru) - min(self.total, _soft_limit() // 4))
+        self._start_reaper()
 
     def close(self) -> None:
-        for idle in self._idle.values():
-            for connection in idle:
-                connection.close()
-        self._idle.clear()
+        """Close every idle connection (the reaper then ends by itself)."""
+        self._close_oldest(len(self._lru))
+
+    # -- bounds ---------------------------------------------------------------------------
+
+    def _close_oldest(self, count: int) -> None:
+        """Close the ``count`` least recently used idle connections."""
+        for _ in range(max(0, count)):
+            connection, key = self._lru.popitem(last=False)
+            idle = self._by_host[key]
+            idle.remove(connection)
+            if not idle:
+                del self._by_host[key]
+            connection.close()
+
+    def _leave_room(self, newest: int) -> None:
+        """Close idle connections, least recently used first, while fewer than a quarter
+        of the descriptor limit is free.  Descriptors are numbered lowest free first, so
+        only a new one numbered past three quarters of the limit makes them worth
+        counting."""
+        limit = _soft_limit()
+        if newest < limit * 3 // 4 or not self._lru:
+            return
+        free = limit - len(os.listdir("/proc/self/fd"))
+        if free < limit // 4:
+            self._close_oldest(min(len(self._lru), limit // 4 - free))
+
+    # -- expiry ---------------------------------------------------------------------------
+
+    def _start_reaper(self) -> None:
+        """Start the task that closes expired idle connections, unless it runs."""
+        if self._reaper is None:
+            self._reaper = trio.CancelScope()
+            trio.lowlevel.spawn_system_task(self._reap, self._reaper, name="http idle reaper")
+
+    async def _reap(self, scope: trio.CancelScope) -> None:
+        """Close each idle connection when its time is up; end when none is idle."""
+        try:
+            with scope:
+                while self._lru:
+                    oldest = next(iter(self._lru))
+                    wait = oldest.idle_since + IDLE_SECONDS - time.monotonic()
+                    if wait > 0:
+                        await trio.sleep(wait)
+                        continue
+                    self._close_oldest(1)
+        finally:
+            if self._reaper is scope:
+                self._reaper = None
+
+
+def _soft_limit() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def _out_of_descriptors(exc: BaseException | None) -> bool:
+    """Whether a failed connect failed for want of a descriptor (trio wraps each
+    attempt's error in one of its own, the attempts' errors in a group)."""
+    if exc is None:
+        return False
+    if isinstance(exc, OSError) and exc.errno in _NO_DESCRIPTORS:
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_out_of_descriptors(inner) for inner in exc.exceptions)
+    return _out_of_descriptors(exc.__cause__ or exc.__context__)

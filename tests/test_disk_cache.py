@@ -344,6 +344,13 @@ def held_floor(cache: Path, mnts: list[Path], expected: dict[str, bytes]) -> int
     return free.least
 
 
+def wrote_and_evicted(mnts: list[Path], evictions: int = 1) -> bool:
+    """Whether every mount has written entries, and ``evictions`` at least were made."""
+    counters = [stats(mnt) for mnt in mnts]
+    written = all(c["disk_written_entries"] > 0 for c in counters)
+    return written and sum(c["disk_evictions"] for c in counters) >= evictions
+
+
 @needs_root
 def test_a_full_small_tmpfs_never_reaches_the_reader(
     served: RangeServer, data_set: Callable[[int], dict[str, bytes]], mounts: Mounts, tmp_path: Path
@@ -356,19 +363,16 @@ def test_a_full_small_tmpfs_never_reaches_the_reader(
         )
         read_all(mounted.mountpoint, expected)
         read_all(mounted.mountpoint, expected)
-        counters = stats(mounted.mountpoint)
-        assert counters["disk_written_entries"] > 0
+        eventually(lambda: wrote_and_evicted([mounted.mountpoint], 0), "entries written")
         stop(mounted)
         assert entry_bytes(cache) <= 1 << 20
         # The free-space floor: half of it kept free while readers fill the cache.
         limited = mounts(
             "--disk-cache", str(cache), "--disk-cache-size", "100M", "--disk-cache-min-free", "50%"
         )
-        written = stats(limited.mountpoint)["disk_written_entries"]
         held_floor(cache, [limited.mountpoint], expected)
-        counters = stats(limited.mountpoint)
-        assert counters["disk_written_entries"] > written  # the floor let some in
-        assert counters["disk_evictions"] > 0
+        # The floor let some in, evicting others (the writer's work, behind the reads).
+        eventually(lambda: wrote_and_evicted([limited.mountpoint]), "entries written, evicted")
         stop(limited)
 
 
@@ -381,13 +385,10 @@ def test_two_mounts_sharing_a_small_tmpfs_hold_its_floor_together(
     with small_tmpfs(tmp_path / "tmpfs", "2m", 512, mounts) as cache:
         args = ["--disk-cache", str(cache), "--disk-cache-size", "100M"]
         both = [mounts(*args, "--disk-cache-min-free", "50%") for _ in range(2)]
-        held_floor(cache, [m.mountpoint for m in both], expected)
-        counters = [
-            {k: v for k, v in stats(m.mountpoint).items() if k.startswith("disk_")} for m in both
-        ]
-        assert all(c["disk_written_entries"] > 0 for c in counters), counters
-        assert sum(c["disk_evictions"] for c in counters) > 0, counters
-        assert all(c["disk_corrupt"] == 0 for c in counters), counters
+        mnts = [m.mountpoint for m in both]
+        held_floor(cache, mnts, expected)
+        eventually(lambda: wrote_and_evicted(mnts), "entries written by both, evicted")
+        assert all(stats(mnt)["disk_corrupt"] == 0 for mnt in mnts)
         for m in both:
             stop(m)
 
@@ -417,18 +418,18 @@ def test_mounts_sharing_a_directory_with_a_tiny_limit(
             mnt = mounted[rng.randrange(processes)].mountpoint
             assert cat(mnt / key) == expected[key], key
             checked += 1
-            assert entry_bytes(cache) <= limit + UNIT + 8192  # the limit and one entry
         return checked
 
-    with ThreadPoolExecutor(processes * 2) as pool:
+    # What the entries take, sampled all through the reads: the limit and one entry.
+    with Sampled(lambda: entry_bytes(cache)) as held, ThreadPoolExecutor(processes * 2) as pool:
         assert sum(pool.map(reader, range(processes * 2))) == 60 * processes * 2
-    total = {"disk_evictions": 0, "disk_hits": 0}
+    assert held.greatest is not None and held.greatest <= limit + UNIT + 8192, held.greatest
     for m in mounted:
-        counters = stats(m.mountpoint)
-        for name in total:
-            total[name] += counters[name]
-        assert counters["disk_corrupt"] == 0
-    assert total["disk_evictions"] > 0
+        assert stats(m.mountpoint)["disk_corrupt"] == 0
+    # Evictions are the writers' (behind the reads): counted once they are done.
+    eventually(
+        lambda: sum(stats(m.mountpoint)["disk_evictions"] for m in mounted) > 0, "an eviction"
+    )
     assert entry_bytes(cache) <= limit + UNIT + 8192
 
 

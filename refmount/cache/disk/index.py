@@ -178,9 +178,7 @@ class Index:
         reservation has still to write stays above the floor once it is written:
         evicting first (least recently used), or stopping at the first that even
         evicting every entry would not make room for.  Rows of owners that are not
-        alive any more, or expired, are dropped first, and ``owner``'s own (an owner
-        writes one batch at a time: a row of its own is one an admission failed to
-        delete).
+        alive any more, or expired, are dropped first.
 
         Only the floor is looked at here: the entries' total is bounded at admission,
         when the entries an admission replaces are known."""
@@ -189,7 +187,7 @@ class Index:
         with self._transaction() as db:
             db.execute("DELETE FROM reservations WHERE expires < ?", (now,))
             owners = [row[0] for row in db.execute("SELECT DISTINCT owner FROM reservations")]
-            gone = [(o,) for o in owners if o == owner or not disk.alive(o)]
+            gone = [(o,) for o in owners if o != owner and not disk.alive(o)]
             db.executemany("DELETE FROM reservations WHERE owner = ?", gone)
             room = disk.free() - self._unwritten(db, now, disk)
             for size in sizes:

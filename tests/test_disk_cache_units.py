@@ -49,6 +49,7 @@ def blob(key: EntryKey, entry: Entry) -> bytes:
 # -- entries --------------------------------------------------------------------------------
 
 
+@settings(deadline=None)  # a property, not a timing: a busy machine may take its time
 @given(
     pieces=st.lists(
         st.tuples(st.integers(0, (1 << 18) - 1), st.integers(1, 5000)), min_size=1, max_size=8
@@ -118,6 +119,7 @@ def test_an_entry_found_under_another_key_is_corrupt() -> None:
 LIMITS = Limits(max_bytes=1000, min_free=100, slack=50)
 
 
+@settings(deadline=None)
 @given(
     sizes=st.lists(st.integers(1, 400), max_size=20),
     incoming=st.integers(1, 1200),

@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,15 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from refmount.cache import BlockCache
 from refmount.cache.disk import DiskCache, DiskCacheConfig, DiskCacheError, DiskTier
 from refmount.cache.disk.cache import QUEUE_BYTES
-from refmount.cache.disk.entry import CorruptEntry, Entry, EntryKey, decode, encode
-from refmount.cache.disk.index import Index, Limits, plan_eviction
+from refmount.cache.disk.entry import (
+    CorruptEntry,
+    Entry,
+    EntryKey,
+    decode,
+    encode,
+    encoded_length,
+)
+from refmount.cache.disk.index import RESERVE_SECONDS, Index, Limits, plan_eviction
 from refmount.cache.disk.store import Store
 from refmount.fetch import Fetcher
 from refmount.fetch.backend import version_of
@@ -41,6 +49,7 @@ def blob(key: EntryKey, entry: Entry) -> bytes:
 # -- entries --------------------------------------------------------------------------------
 
 
+@settings(deadline=None)  # a property, not a timing: a busy machine may take its time
 @given(
     pieces=st.lists(
         st.tuples(st.integers(0, (1 << 18) - 1), st.integers(1, 5000)), min_size=1, max_size=8
@@ -57,6 +66,7 @@ def test_merged_spans_hold_exactly_the_bytes_added(pieces: list[tuple[int, int]]
         assert (merged is None) == (not new)
         entry = merged or entry
         covered |= set(range(rel, stop))
+    assert encoded_length(KEY, entry) == len(blob(KEY, entry))
     back = decode(KEY, blob(KEY, entry))
     assert back.spans == entry.spans
     for lo, hi in back.spans:
@@ -109,6 +119,7 @@ def test_an_entry_found_under_another_key_is_corrupt() -> None:
 LIMITS = Limits(max_bytes=1000, min_free=100, slack=50)
 
 
+@settings(deadline=None)
 @given(
     sizes=st.lists(st.integers(1, 400), max_size=20),
     incoming=st.integers(1, 1200),
@@ -163,7 +174,6 @@ class IndexMachine(RuleBasedStateMachine):
             [(name, size, lambda: placed.append(name))],
             self.clock,
             limits,
-            lambda: 1 << 40,
             self.removed.append,
         )
         if not admitted:
@@ -218,9 +228,7 @@ def test_reconcile_finds_files_without_rows_and_drops_rows_without_files(tmp_pat
         kept = EntryKey("u", "v", 0, 100)
         temp, size = store.write_temp(kept, Entry([(0, 3)], b"abc"))
         store.place(temp, kept.name)  # as if its process died before committing
-        index.admit(
-            [("zz/gone", 7, lambda: None)], 1.0, Limits(10**9, 0, 0), lambda: 1 << 40, print
-        )
+        index.admit([("zz/gone", 7, lambda: None)], 1.0, Limits(10**9, 0, 0), print)
         prefix = kept.name[:2]
         assert index.reconcile(prefix, lambda: store.scan(prefix)) == (1, 0)
         assert index.reconcile("zz", lambda: store.scan("zz")) == (0, 1)
@@ -250,6 +258,108 @@ def test_an_unreadable_index_is_replaced_and_rebuilt_from_the_files(tmp_path: Pa
         return total
 
     assert trio.run(open_and_tidy) == size
+
+
+# -- reservations: the free-space floor held across processes --------------------------------
+
+RESERVER = """
+import sys, time
+from refmount.cache.disk.index import Index, Limits
+from refmount.cache.disk.store import Store
+store = Store(sys.argv[1])
+index = Index(store.index_path)
+got = index.reserve(store.owner, [int(sys.argv[2])], time.time(), Limits(1 << 40, 0, 0), store)
+print(got.granted, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs: its free space is what the floor is measured against."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (tmpfs)")
+    path = tmp_path / "small"
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_a_reservation_holds_the_floor_for_every_process_until_admitted(small_disk: Path) -> None:
+    floor = Limits(max_bytes=1 << 40, min_free=512 << 10, slack=0)
+    a, b = Store(str(small_disk)), Store(str(small_disk))
+    index_a, index_b = Index(a.index_path), Index(b.index_path)
+    key = EntryKey("https://example.org/r", "v", 0, 300 << 10)
+    entry = Entry([(0, 300 << 10)], bytes(300 << 10))
+    try:
+        size = a.space().on_disk(encoded_length(key, entry))
+        held = index_a.reserve(a.owner, [size, size], time.time(), floor, a)
+        assert held.granted == 1 and held.id is not None  # the second would cross the floor
+        # Another process sees the room taken, before and after the bytes are written.
+        assert index_b.reserve(b.owner, [size], time.time(), floor, b).granted == 0
+        temp, on_disk = a.write_temp(key, entry)
+        assert on_disk == size  # what was reserved is what the file takes
+        refused = index_b.reserve(b.owner, [size], time.time(), floor, b)
+        assert (refused.granted, refused.others) == (0, size)
+        admitted, _ = index_a.admit(
+            [(key.name, on_disk, lambda: a.place(temp, key.name))],
+            time.time(),
+            floor,
+            a.remove,
+            held.id,
+        )
+        assert admitted == [key.name]
+        # Admitted, the entry can go to make room: evicted before anything is written.
+        again = index_b.reserve(b.owner, [size], time.time(), floor, b)
+        assert (again.granted, again.evicted) == (1, [key.name])
+        assert not os.path.exists(a.path(key.name))
+        assert a.space().free - size >= floor.min_free
+    finally:
+        for index in (index_a, index_b):
+            index.close()
+        for store in (a, b):
+            store.close()
+
+
+def test_a_dead_process_reservation_is_let_go(small_disk: Path) -> None:
+    floor = Limits(max_bytes=1 << 40, min_free=512 << 10, slack=0)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", RESERVER, str(small_disk), str(400 << 10)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    store = Store(str(small_disk))
+    index = Index(store.index_path)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "1"
+        assert index.reserve(store.owner, [200 << 10], time.time(), floor, store).granted == 0
+        holder.kill()
+        holder.wait()
+        assert index.reserve(store.owner, [200 << 10], time.time(), floor, store).granted == 1
+    finally:
+        holder.kill()
+        holder.wait()
+        index.close()
+        store.close()
+
+
+def test_an_expired_reservation_is_let_go(small_disk: Path) -> None:
+    floor = Limits(max_bytes=1 << 40, min_free=512 << 10, slack=0)
+    a, b = Store(str(small_disk)), Store(str(small_disk))
+    index_a, index_b = Index(a.index_path), Index(b.index_path)
+    try:
+        assert index_a.reserve(a.owner, [400 << 10], time.time(), floor, a).granted == 1
+        assert index_b.reserve(b.owner, [200 << 10], time.time(), floor, b).granted == 0
+        later = time.time() + RESERVE_SECONDS + 1  # a live owner that never admitted
+        assert index_b.reserve(b.owner, [200 << 10], later, floor, b).granted == 1
+    finally:
+        for index in (index_a, index_b):
+            index.close()
+        for store in (a, b):
+            store.close()
 
 
 # -- the directory --------------------------------------------------------------------------

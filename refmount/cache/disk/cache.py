@@ -14,8 +14,9 @@ Off the serving thread
 Admission never holds a reader up
     The tier hands fetched bytes to :meth:`DiskCache.admit` and returns them to the
     reader; one writer task adds them to their units' entries behind it (read,
-    merge, write a temporary file, rename: one at a time, so that two pieces of one
-    unit fetched together both stay).  At most ``queue_bytes`` (:data:`QUEUE_BYTES`
+    merge, reserve the room in the index, write a temporary file, rename: a batch at a
+    time, so that two pieces of one unit fetched together both stay, and the free-space
+    floor holds while the batch is written).  At most ``queue_bytes`` (:data:`QUEUE_BYTES`
     unless the config says less) wait to be written; what comes while the queue is
     full is not kept (a network faster than the disk: counted in ``disk_refusals``).
     Queued pieces are views of fetched parts: a part the memory cache has evicted lives
@@ -38,12 +39,14 @@ import logging
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import trio
 
-from refmount.cache.disk.entry import CorruptEntry, Entry, EntryKey
-from refmount.cache.disk.index import Index, Limits
+from refmount.cache.disk.entry import CorruptEntry, Entry, EntryKey, encoded_length
+from refmount.cache.disk.index import Index, Limits, Reservation
 from refmount.cache.disk.store import FULL_ERRNOS, DiskCacheError, Store
 
 log = logging.getLogger(__name__)
@@ -75,6 +78,22 @@ COUNTERS = (
 
 #: A piece waiting to be written: its unit, where it starts, its bytes, the object's end.
 Queued = tuple[EntryKey, int, bytes | memoryview, int | None]
+#: A temporary file written: its entry's name, its path, bytes on disk, bytes new.
+_Written = tuple[str, str, int, int]
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
+
+
+@dataclass
+class _Merged:
+    """A unit with a batch's pieces merged in: its entry, how many bytes of data it held
+    before, whether the pieces changed it, how many bytes its file will take on disk."""
+
+    key: EntryKey
+    entry: Entry
+    base_size: int
+    changed: bool = False
+    on_disk: int = 0
 
 
 @dataclass(frozen=True)
@@ -291,6 +310,9 @@ class DiskCache:
             await self._write(batch[first : first + BATCH])
 
     async def _write(self, batch: list[Queued]) -> None:
+        """Merge the batch's pieces into their units' entries, reserve the room they
+        take (the free-space floor holds while they are written), write them as
+        temporary files, admit them."""
         if trio.current_time() < self._paused_until:
             self.counters["disk_refusals"] += len(batch)
             return
@@ -299,34 +321,47 @@ class DiskCache:
         groups: list[list[Queued]] = [[] for _ in range(WRITE_THREADS)]
         for item in batch:
             groups[hash(item[0].name) % WRITE_THREADS].append(item)
-        lists: list[list[tuple[str, str, int, int]]] = []  # name, temp, on disk, new bytes
+        merged = await self._in_threads(
+            [g for g in groups if g], lambda group, out: self._merge(group, out, corrupt)
+        )
+        self._count_corrupt(corrupt)
+        units = [unit for got in merged for unit in got]
+        if not units:
+            return
+        try:
+            reservation = await trio.to_thread.run_sync(
+                self._reserve, [unit.on_disk for unit in units], limiter=self._db
+            )
+        except (OSError, sqlite3.Error) as exc:
+            log.warning("disk cache: cannot reserve room for entries: %s", exc)
+            return
+        self.counters["disk_evictions"] += len(reservation.evicted)
+        if reservation.id is None and not reservation.others:
+            self._pause("the free-space floor leaves no room")
+            return
+        # The room left is held by this batch's first units or by other writers: the
+        # rest is lost, and the next batch finds room again.
+        self.counters["disk_refusals"] += len(units) - reservation.granted
+        if reservation.id is None:
+            return
+        kept = set(map(id, units[: reservation.granted]))
         failures: list[OSError] = []
 
-        async def write(group: list[Queued], written: list[tuple[str, str, int, int]]) -> None:
+        def write(group: list[_Merged], out: list[_Written]) -> None:
             try:
-                await trio.to_thread.run_sync(
-                    self._write_temps, group, written, corrupt, limiter=self._io
-                )
+                self._write_temps([unit for unit in group if id(unit) in kept], out)
             except OSError as exc:
                 failures.append(exc)
 
-        async with trio.open_nursery() as nursery:
-            for group in groups:
-                if group:
-                    lists.append([])
-                    nursery.start_soon(write, group, lists[-1])
-        self._count_corrupt(corrupt)
+        written = [w for got in await self._in_threads(merged, write) for w in got]
         for exc in failures[:1]:
             if exc.errno in FULL_ERRNOS:
                 self._pause(f"{exc.strerror} in {self.store.root}")
             else:
                 log.warning("disk cache: cannot write an entry: %s", exc)
-        written = [w for got in lists for w in got]
-        if not written:
-            return
         try:
             admitted, evicted = await trio.to_thread.run_sync(
-                self._admit, written, limiter=self._db
+                self._admit, written, reservation.id, limiter=self._db
             )
         except (OSError, sqlite3.Error) as exc:
             log.warning("disk cache: cannot admit entries: %s", exc)
@@ -339,39 +374,55 @@ class DiskCache:
                 self.counters["disk_written_bytes"] += new_bytes
         if len(done) < len(written):
             self._pause("the limits leave no room")
-        elif self._pause_logged:
+        elif self._pause_logged and reservation.granted == len(units):
             log.info("disk cache: admitting again")
             self._pause_logged = False
 
-    def _write_temps(
-        self,
-        batch: list[Queued],
-        written: list[tuple[str, str, int, int]],
-        corrupt: list[tuple[str, str]],
-    ) -> None:
-        """Temporary files of the batch's units, each as it is on disk now plus the
-        batch's pieces of it (a unit with nothing new is left out), into ``written``.
-        Runs in a worker thread."""
-        merged: dict[str, tuple[Entry, int]] = {}  # name -> entry, its place in written
-        for key, start, piece, eof in batch:
-            name = key.name
-            seen = merged.get(name)
-            base = seen[0] if seen else (self._read(key, corrupt) or Entry())
-            entry = base.merged(start, piece, eof)
-            if entry is None:
-                continue
-            temp, size = self.store.write_temp(key, entry)
-            new_bytes = entry.size - base.size
-            if seen is not None:
-                _, old_temp, _, before = written[seen[1]]
-                self.store.discard(old_temp)
-                written[seen[1]] = (name, temp, size, before + new_bytes)
-                merged[name] = (entry, seen[1])
-            else:
-                merged[name] = (entry, len(written))
-                written.append((name, temp, size, new_bytes))
+    async def _in_threads(
+        self, groups: list[list[_In]], work: Callable[[list[_In], list[_Out]], None]
+    ) -> list[list[_Out]]:
+        """``work(group, out)`` for each group, in worker threads at once; what each
+        put in its ``out``."""
+        outs: list[list[_Out]] = [[] for _ in groups]
+        async with trio.open_nursery() as nursery:
+            for group, out in zip(groups, outs, strict=True):
+                nursery.start_soon(
+                    functools.partial(trio.to_thread.run_sync, limiter=self._io), work, group, out
+                )
+        return outs
 
-    def _admit(self, written: list[tuple[str, str, int, int]]) -> tuple[list[str], list[str]]:
+    def _merge(
+        self, batch: list[Queued], out: list[_Merged], corrupt: list[tuple[str, str]]
+    ) -> None:
+        """The batch's units, each as it is on disk now plus the batch's pieces of it (a
+        unit with nothing new is left out), into ``out``.  Runs in a worker thread."""
+        space = self.store.space()
+        units: dict[str, _Merged] = {}
+        for key, start, piece, eof in batch:
+            unit = units.get(key.name)
+            if unit is None:
+                base = self._read(key, corrupt) or Entry()
+                unit = units[key.name] = _Merged(key, base, base.size)
+            entry = unit.entry.merged(start, piece, eof)
+            if entry is not None:
+                unit.entry, unit.changed = entry, True
+        for unit in units.values():
+            if unit.changed:
+                unit.on_disk = space.on_disk(encoded_length(unit.key, unit.entry))
+                out.append(unit)
+
+    def _write_temps(self, units: list[_Merged], written: list[_Written]) -> None:
+        """Temporary files of ``units``, into ``written`` as each is done (so that a
+        failure leaves none unaccounted for).  Runs in a worker thread."""
+        for unit in units:
+            temp, size = self.store.write_temp(unit.key, unit.entry)
+            written.append((unit.key.name, temp, size, unit.entry.size - unit.base_size))
+
+    def _reserve(self, sizes: list[int]) -> Reservation:
+        """Runs in a worker thread, holding the index."""
+        return self.index.reserve(self.store.owner, sizes, time.time(), self._limits(), self.store)
+
+    def _admit(self, written: list[_Written], reservation: int) -> tuple[list[str], list[str]]:
         """Runs in a worker thread, holding the index; removes the temporary files that
         were not placed."""
         items = [
@@ -381,7 +432,7 @@ class DiskCache:
         admitted: list[str] = []
         try:
             admitted, evicted = self.index.admit(
-                items, time.time(), self._limits(), self._free, self.store.remove
+                items, time.time(), self._limits(), self.store.remove, reservation
             )
             self._usage = self.index.total()
             return admitted, evicted
@@ -390,9 +441,6 @@ class DiskCache:
             for name, temp, _, _ in written:
                 if name not in placed:
                     self.store.discard(temp)
-
-    def _free(self) -> int:
-        return self.store.space().free
 
     def _limits(self) -> Limits:
         config = self.config
@@ -406,7 +454,7 @@ class DiskCache:
     def _trim(self) -> int:
         """Evict down to the limits without an admission.  Runs in a worker thread,
         holding the index."""
-        evicted = self.index.trim(self._limits(), self._free, self.store.remove)
+        evicted = self.index.trim(time.time(), self._limits(), self.store)
         self._usage = self.index.total()
         return evicted
 

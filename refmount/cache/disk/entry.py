@@ -181,6 +181,11 @@ def encode(key: EntryKey, entry: Entry) -> list[bytes | memoryview]:
     return [head + _CRC.pack(zlib.crc32(head)), entry.data]
 
 
+def encoded_length(key: EntryKey, entry: Entry) -> int:
+    """How long the file of ``entry`` is (what :func:`encode` makes), without making it."""
+    return key.whole_header_length + _SPAN.size * (len(entry.spans) - 1) + entry.size
+
+
 @dataclass(frozen=True)
 class Header:
     """A checked header: the entry's spans and end of object, and where its data is."""

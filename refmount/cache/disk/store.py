@@ -59,10 +59,15 @@ class DiskCacheError(Exception):
 
 @dataclass(frozen=True)
 class Space:
-    """The cache filesystem's free space and size, in bytes."""
+    """The cache filesystem's free space and size, in bytes, and its block size."""
 
     free: int
     total: int
+    block: int
+
+    def on_disk(self, length: int) -> int:
+        """The bytes a file of ``length`` bytes takes: whole blocks."""
+        return -(-length // self.block) * self.block
 
 
 class Store:
@@ -128,6 +133,22 @@ class Store:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(self.locks, self.owner))
         os.close(self._lock_fd)
+
+    def alive(self, owner: str) -> bool:
+        """Whether the process ``owner`` still holds its lock (is alive)."""
+        if owner == self.owner:
+            return True
+        try:
+            fd = os.open(os.path.join(self.locks, owner), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False  # gone: its process stopped, or a sweep found it dead
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+        return False
 
     def sweep(self) -> int:
         """Remove the lock and temporary files of processes that died; returns how many
@@ -287,9 +308,25 @@ class Store:
         with contextlib.suppress(OSError):
             os.unlink(temp)
 
+    def free(self) -> int:
+        return self.space().free
+
+    def writing(self) -> dict[str, int]:
+        """The bytes the temporary files take now, by owner (a file gone meanwhile,
+        renamed into place or removed, counts nothing)."""
+        found: dict[str, int] = {}
+        for name in _listdir(self.tmp):
+            with contextlib.suppress(OSError):
+                size = os.stat(os.path.join(self.tmp, name)).st_blocks * 512
+                owner = name.partition(".")[0]
+                found[owner] = found.get(owner, 0) + size
+        return found
+
     def space(self) -> Space:
         st = os.statvfs(self.root)
-        return Space(free=st.f_bavail * st.f_frsize, total=st.f_blocks * st.f_frsize)
+        return Space(
+            free=st.f_bavail * st.f_frsize, total=st.f_blocks * st.f_frsize, block=st.f_bsize
+        )
 
     def prefixes(self) -> list[str]:
         """The data subdirectories there are (``"00"`` to ``"ff"``)."""

@@ -359,11 +359,7 @@ class Fetcher:
                 self._fail(url, str(exc))
                 raise
             except Exception as exc:
-                failure = certificate_failure(exc, urlsplit(url).netloc)
-                if failure is not None:  # final: a retry meets the same certificate
-                    self._fail(url, str(failure))
-                    raise FetchError(f"{redact(url)}: {failure}", errno.EIO) from exc
-                err, retry, reason = classify(exc)
+                err, retry, reason = classify(exc, urlsplit(url).netloc)
                 if not retry:
                     self._fail(url, reason)
                     raise FetchError(f"{redact(url)}: {reason}", err) from exc
@@ -407,13 +403,18 @@ def scope_of(url: str) -> str:
     return f"{protocol or 'file'}://{host}"
 
 
-def classify(exc: BaseException) -> tuple[int, bool, str]:
-    """(errno for the reader, whether to retry, a short reason) for a failed attempt.
+def classify(exc: BaseException, host: str = "") -> tuple[int, bool, str]:
+    """(errno for the reader, whether to retry, a short reason) for a failed attempt on
+    ``host``.
+
+    A certificate that fails verification is final: a retry meets the same certificate.
 
     A missing target is EIO, never ENOENT: ENOENT means "no such key" to zarr, which then
     reads the chunk as never written and returns fill values instead of an error.  Only a
     refusal (401, 403, a permission or credential error) is EACCES.
     """
+    if (failure := certificate_failure(exc, host)) is not None:
+        return errno.EIO, False, str(failure)
     if isinstance(exc, FileNotFoundError):
         return errno.EIO, False, "not found"
     if isinstance(exc, PermissionError):

@@ -200,7 +200,7 @@ def make_catalog(source: Path, max_loaded: int, loads: list[str]) -> tuple[Catal
     async def no_size(url: str) -> int:
         raise AssertionError("no remote sizes here")
 
-    def load(url: str) -> RefSet:  # the real loader; counted
+    def load(url: str, name: str) -> RefSet:  # the real loader; counted
         loads.append(url)
         return open_refset(url, timeout=10)
 

@@ -52,22 +52,24 @@ def test_a_repository_is_a_file_per_group_with_arrays(built: Built, mount) -> No
 def test_versions_are_files_and_a_commit_swaps_main(copy: Built, mount) -> None:  # noqa: F811
     m = mount(copy.root, "--versions", "--netcdf")
     root = m.mountpoint
-    assert sorted(os.listdir(root / "branches")) == ["dev", "main"]
+    assert sorted(os.listdir(root / "branches")) == ["dev", "dev.nc", "main", "main.nc"]
     assert sorted(os.listdir(root / "branches/main")) == ["main.forecast.nc", "main.nc"]
+    np.testing.assert_array_equal(native_in(root / "tags/v1.nc"), native_values(1))
     np.testing.assert_array_equal(native_in(root / "tags/v1/v1.nc"), native_values(1))
-    np.testing.assert_array_equal(native_in(root / "branches/dev/dev.nc"), native_values(3))
-    second = root / "snapshots" / copy.second / f"{copy.second}.nc"
+    np.testing.assert_array_equal(native_in(root / "branches/dev.nc"), native_values(3))
+    second = root / "snapshots" / f"{copy.second}.nc"
     np.testing.assert_array_equal(native_in(second), native_values(2))
-    np.testing.assert_array_equal(native_in(root / "branches/main/main.nc"), native_values(2))
+    np.testing.assert_array_equal(native_in(root / "branches/main.nc"), native_values(2))
     session = open_local(copy.root).writable_session("main")
     write_native(session.store, 7)
     session.commit("seventh")
     m.process.send_signal(1)  # SIGHUP: main's head moved, its file is the new snapshot's
     deadline = time.monotonic() + 60
-    while not (native_in(root / "branches/main/main.nc") == native_values(7)).all():
+    while not (native_in(root / "branches/main.nc") == native_values(7)).all():
         assert time.monotonic() < deadline, m.log()
         time.sleep(0.1)
-    np.testing.assert_array_equal(native_in(root / "tags/v1/v1.nc"), native_values(1))
+    np.testing.assert_array_equal(native_in(root / "branches/main/main.nc"), native_values(7))
+    np.testing.assert_array_equal(native_in(root / "tags/v1.nc"), native_values(1))
 
 
 def test_a_catalog_holds_one_file_per_set(copy: Built, mount, tmp_path: Path) -> None:  # noqa: F811
@@ -76,10 +78,11 @@ def test_a_catalog_holds_one_file_per_set(copy: Built, mount, tmp_path: Path) ->
     shutil.move(copy.root, catalog / "archive")
     (catalog / "plain.json").write_text(json.dumps(kerchunk_refs(copy.netcdf, str(copy.netcdf))))
     m = mount(catalog, "--netcdf", "--allow-local")
-    assert sorted(os.listdir(m.mountpoint)) == ["archive", "plain"]
+    assert sorted(os.listdir(m.mountpoint)) == ["archive", "archive.nc", "plain", "plain.nc"]
     assert os.listdir(m.mountpoint / "plain") == ["plain.nc"]
-    archive = values(m.mountpoint / "archive/archive.nc")
-    plain = values(m.mountpoint / "plain/plain.nc")
+    assert sorted(os.listdir(m.mountpoint / "archive")) == ["archive.forecast.nc", "archive.nc"]
+    archive = values(m.mountpoint / "archive.nc")
+    plain = values(m.mountpoint / "plain.nc")
     np.testing.assert_array_equal(plain["temp"], archive["temp"])
     with netCDF4.Dataset(copy.netcdf) as original:
         original.set_auto_maskandscale(False)

@@ -28,7 +28,7 @@ import trio
 
 from refmount.catalog.inodes import CatalogDirs, Ranges, SetInodes
 from refmount.catalog.lru import LoadedSets
-from refmount.catalog.names import Found, Plan, plan
+from refmount.catalog.names import Found, Plan, SetFile, plan
 from refmount.catalog.sets import CatalogSet, Loader, TreeFactory
 from refmount.catalog.ttl import Expiring
 from refmount.tree import FILE_BASE, Tree
@@ -65,11 +65,14 @@ class Catalog:
         max_loaded_bytes: int | None = None,
         signature: Callable[[str], tuple[str, ...]] | None = None,
         prepare: Callable[[Iterable[str]], Any] | None = None,
+        beside: SetFile | None = None,
     ) -> None:
-        """``list_sets()`` lists the source (blocking); ``load(url)`` reads one set;
-        ``signature(url)`` asks the store about one refs file when the listing says
-        nothing of it (HTTP); ``prepare(protocols)`` readies the fetcher for a set."""
+        """``list_sets()`` lists the source (blocking); ``load(url, name)`` reads one
+        set; ``signature(url)`` asks the store about one refs file when the listing says
+        nothing of it (HTTP); ``prepare(protocols)`` readies the fetcher for a set;
+        ``beside`` is the file of each set listed next to it (:class:`SetFile`)."""
         self.source = source
+        self.beside = beside
         self._list_sets = list_sets
         self._load = load
         self._make_tree = make_tree
@@ -101,7 +104,7 @@ class Catalog:
     def start(self) -> None:
         """List the source for the first time (blocking, before serving): a source that
         cannot be listed is a failed start."""
-        self._apply(plan(self._list_sets()))
+        self._apply(plan(self._list_sets(), self.beside))
 
     async def fresh(self) -> None:
         """Make sure the listing is no older than the TTL (one refresh at a time)."""
@@ -126,7 +129,7 @@ class Catalog:
                 )
                 self.listing.set(self.plan)  # asked again after the TTL, not at every request
                 return str(exc)
-            await self._reload_changed(self._apply(plan(found)), reload_all)
+            await self._reload_changed(self._apply(plan(found, self.beside)), reload_all)
             return None
         finally:
             self._refreshing.set()
@@ -168,10 +171,10 @@ class Catalog:
                 gone.removed = True
                 self._unload(gone)
                 self.loaded.discard(gone)
-        old_dirs = self.plan.dirs
-        for path in [*new.dirs, *new.sets, *old_dirs, *self.plan.sets]:
-            if path and (path in new.sets or path in new.dirs) != (
-                path in self.plan.sets or path in old_dirs
+        old, old_dirs = self.plan, self.plan.dirs
+        for path in [*new.dirs, *new.sets, *new.files, *old_dirs, *old.sets, *old.files]:
+            if path and (path in new.sets or path in new.dirs or path in new.files) != (
+                path in old.sets or path in old_dirs or path in old.files
             ):
                 parent, _, name = path.rpartition("/")
                 self._invalidate("entry", (self.dirs.inode(parent), name))
@@ -229,18 +232,28 @@ class Catalog:
             self._unload(victim)
 
     def _unload(self, item: CatalogSet) -> None:
-        """Unload a set and have the kernel forget its entries (the set's directory)."""
+        """Unload a set and have the kernel forget its entries (the set's directory,
+        and its file beside it)."""
         tree = item.unload()
         if tree is not None:
             self._retire(tree, RETIRE_SECONDS if item.removed else UNLOADED_SECONDS)
         parent, _, name = item.path.rpartition("/")
         self._invalidate("entry", (self.dirs.inode(parent), name))
+        self._forget_beside(item)
+
+    def _forget_beside(self, item: CatalogSet) -> None:
+        """Have the kernel look up a set's file beside it again (its inode may change)."""
+        if self.beside is not None:
+            parent = self.dirs.inode(item.entry.parent)
+            self._invalidate("entry", (parent, self.beside.name(item.entry.name)))
 
     async def _reload(self, item: CatalogSet) -> None:
         """Read a loaded set's refs again and swap its tree, as a SIGHUP reload does."""
         log.info("catalog: reloading set %s", item.path)
         try:
-            refset = await trio.to_thread.run_sync(self._load, item.url, abandon_on_cancel=True)
+            refset = await trio.to_thread.run_sync(
+                self._load, item.url, item.entry.name, abandon_on_cancel=True
+            )
         except Exception as exc:
             log.error("catalog: reload of set %s failed, still serving the previous one: %s",
                       item.path, exc)  # fmt: skip
@@ -267,6 +280,7 @@ class Catalog:
             self._invalidate("entry", (to_global(parent), name))
         for directory in changes.directories:
             self._invalidate("inode", to_global(directory))
+        self._forget_beside(item)
         if self.kernel is not None:
             for parent, name in list(self.kernel.negatives):
                 if item.inodes.is_dir(parent):

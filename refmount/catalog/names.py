@@ -4,6 +4,11 @@ Pure: given what a listing of the source found, say which directory of the mount
 set becomes (``2024/run01.json.zst`` -> ``2024/run01``) and which directories lead to
 sets.  Names that clash (``run01.json`` beside ``run01.json.gz``, or beside a directory
 ``run01``) or cannot be names are skipped, each with a problem saying why.
+
+A view may also show one file of each set beside the set's directory (:class:`SetFile`:
+the netCDF view's ``2024/run01.nc``): its name follows from the set's alone, so a
+listing names it without loading the set.  One that would clash with another entry of
+its directory is left out, with a problem.
 """
 
 from __future__ import annotations
@@ -49,14 +54,36 @@ class SetEntry:
         return self.path.rpartition("/")[0]
 
 
+@dataclass(frozen=True)
+class SetFile:
+    """A file of each set's tree listed beside the set's directory: for the set
+    ``a/run01``, ``a/run01<suffix>`` is the file ``run01<suffix>`` at the root of its
+    tree, whose file id is ``file_id`` (known before the set is loaded: listings give
+    inode numbers and load nothing)."""
+
+    suffix: str
+    file_id: int
+
+    def name(self, set_name: str) -> str:
+        return set_name + self.suffix
+
+
 @dataclass
 class Plan:
     """The mount's catalog directories: ``sets`` by path, ``dirs`` (``""`` the root)
-    mapping each directory to its sorted children, and the problems met."""
+    mapping each directory to its sorted children, ``files`` each set's file listed
+    beside it (its path -> the set's path), and the problems met."""
 
     sets: dict[str, SetEntry] = field(default_factory=dict)
     dirs: dict[str, list[str]] = field(default_factory=lambda: {"": []})
+    files: dict[str, str] = field(default_factory=dict)
+    file_counts: dict[str, int] = field(default_factory=dict)  # directory -> its files
     problems: list[str] = field(default_factory=list)
+
+    def subdirectories(self, path: str) -> int:
+        """How many of a directory's children are directories (sets and catalog
+        directories, not the sets' files)."""
+        return len(self.dirs.get(path, ())) - self.file_counts.get(path, 0)
 
 
 def set_name(filename: str, *, parquet: bool) -> str | None:
@@ -80,8 +107,9 @@ def name_problem(name: str) -> str | None:
     return None
 
 
-def plan(found: Iterable[Found]) -> Plan:
-    """The directories and sets of the mount for what a listing found."""
+def plan(found: Iterable[Found], beside: SetFile | None = None) -> Plan:
+    """The directories and sets of the mount for what a listing found, and with
+    ``beside`` each set's file next to it."""
     result = Plan()
     claims: dict[str, list[Found]] = {}
     for item in found:
@@ -121,6 +149,23 @@ def plan(found: Iterable[Found]) -> Plan:
     for path in [*sorted(kept - {""}), *result.sets]:
         parent, _, name = path.rpartition("/")
         result.dirs[parent].append(name)
+    if beside is not None:
+        _add_files(result, beside)
     for children in result.dirs.values():
         children.sort()
     return result
+
+
+def _add_files(result: Plan, beside: SetFile) -> None:
+    """Each set's file beside it, unless its name is taken or cannot be a name."""
+    taken = {*result.sets, *result.dirs}
+    for path, entry in result.sets.items():
+        name = beside.name(entry.name)
+        file = f"{entry.parent}/{name}" if entry.parent else name
+        bad = name_problem(name) or ("the name of another entry" if file in taken else None)
+        if bad is not None:
+            result.problems.append(f"{file}: the file of set {path} is left out: {bad}")
+            continue
+        result.files[file] = path
+        result.dirs[entry.parent].append(name)
+        result.file_counts[entry.parent] = result.file_counts.get(entry.parent, 0) + 1

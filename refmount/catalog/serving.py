@@ -9,6 +9,7 @@ import fsspec.core
 
 from refmount.catalog import source, versions
 from refmount.catalog.catalog import Catalog
+from refmount.catalog.names import SetFile
 from refmount.catalog.sets import TreeFactory
 from refmount.catalog.view import CatalogTree
 from refmount.errors import RefsError
@@ -24,12 +25,15 @@ def open_catalog(
     config: Config,
     fetcher: Fetcher,
     owner: Owner,
-    load_refset: Callable[[Config], RefSet],
+    load_refset: Callable[[Config, str], RefSet],
     make_tree: TreeFactory | None = None,
+    beside: SetFile | None = None,
 ) -> tuple[Catalog, CatalogTree]:
     """List REFS (a failure is a failed start) and make the catalog and its view.  Each
-    set is read by ``load_refset`` with the mount's options and bounds, REFS replaced by
-    the set's URL; ``make_tree`` makes a view of a loaded set (a plain Tree by default).
+    set is read by ``load_refset(config, name)`` with the mount's options and bounds,
+    REFS replaced by the set's URL (``name``: the set's name in the mount); ``make_tree``
+    makes a view of a loaded set (a plain Tree by default); ``beside`` is a file of each
+    set's view listed next to the set (:class:`SetFile`).
     With ``--versions`` REFS is an Icechunk repository and its sets are its versions
     (:mod:`refmount.catalog.versions`)."""
 
@@ -38,13 +42,13 @@ def open_catalog(
             return versions.list_versions(config.refs, config.refs_options)
         return source.list_sets(config.refs, config.refs_options, timeout=config.timeout)
 
-    def load(url: str) -> RefSet:
+    def load(url: str, name: str) -> RefSet:
         if config.versions:
             repository, version = versions.version_of(url)
             one = dataclasses.replace(config, refs=repository, icechunk=True, **version)
-            return load_refset(one)
+            return load_refset(one, name)
         icechunk = is_repository(url, config.refs_options)
-        return load_refset(dataclasses.replace(config, refs=url, icechunk=icechunk))
+        return load_refset(dataclasses.replace(config, refs=url, icechunk=icechunk), name)
 
     def tree(refset: RefSet, generation: int, directories: dict[int, str] | None) -> Tree:
         return Tree(
@@ -73,6 +77,7 @@ def open_catalog(
         max_loaded_bytes=config.catalog_memory,
         signature=signature,
         prepare=fetcher.prepare,
+        beside=beside,
     )
     catalog.start()
     if not catalog.plan.sets and not config.catalog:

@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 #: (refset, generation, directories kept from an earlier load or None) -> its tree.  A
 #: decoded view, or any tree-shaped view of a set, can be made here instead of a Tree.
 TreeFactory = Callable[[RefSet, int, dict[int, str] | None], Tree]
-#: The URL of a set -> the set, read with the mount's options and bounds (blocking).
-Loader = Callable[[str], RefSet]
+#: The URL of a set and its name in the mount -> the set, read with the mount's options
+#: and bounds (blocking).  The name names what a view shows of it (``run01.nc``).
+Loader = Callable[[str, str], RefSet]
 
 FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 300.0
@@ -80,7 +81,9 @@ class CatalogSet:
                 raise FetchError(self.error)
             self.loading = trio.Event()
             try:
-                refset = await trio.to_thread.run_sync(loader, self.url, abandon_on_cancel=True)
+                refset = await trio.to_thread.run_sync(
+                    loader, self.url, self.entry.name, abandon_on_cancel=True
+                )
             except Exception as exc:
                 self._failed(str(exc))
                 raise FetchError(self.error or str(exc)) from None

@@ -5,6 +5,12 @@ Catalog directories (the root, the source's directories, and each set's root bef
 is loaded) are answered from the listing alone: listing or stat'ing them loads nothing.
 Anything inside a set loads it first (:meth:`Catalog.tree`), and is answered by its tree
 with inodes translated to the mount's (:mod:`refmount.catalog.inodes`).
+
+A set's file listed beside it (:class:`refmount.catalog.names.SetFile`) is that file of
+its tree under the tree's inode: a listing gives the inode it will have (the set's
+generation and the file's id), and no size until the set is loaded, so the kernel keeps
+nothing of it; a lookup or ``stat`` loads the set, and a set that cannot be loaded makes
+it fail (EIO, the log naming the set), never ENOENT.
 """
 
 from __future__ import annotations
@@ -16,8 +22,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from refmount.catalog.catalog import Catalog
 from refmount.catalog.inodes import RANGE_BITS
 from refmount.catalog.sets import CatalogSet
+from refmount.errors import FetchError
 from refmount.refs.model import Ref
-from refmount.tree import ROOT_INODE, Entry, Node, Owner, StaleInode, Tree, ref_size
+from refmount.tree import (
+    FILE_BASE,
+    GENERATION_SPAN,
+    ROOT_INODE,
+    Entry,
+    Node,
+    Owner,
+    StaleInode,
+    Tree,
+    ref_size,
+)
 
 
 class CatalogTree:
@@ -122,12 +139,39 @@ class CatalogTree:
         path = self._catalog_dir(parent)
         if path is not None:
             await self.catalog.fresh()
-            if name not in self.catalog.plan.dirs.get(path, ()):
+            plan = self.catalog.plan
+            child = f"{path}/{name}" if path else name
+            if "/" in name or not (child in plan.sets or child in plan.dirs or child in plan.files):
                 return None
-            return self.catalog.dirs.inode(f"{path}/{name}" if path else name)
+            owner = plan.files.get(child)
+            if owner is not None:
+                return await self._beside(self.catalog.sets[owner], name)
+            return self.catalog.dirs.inode(child)
         async with self._using(parent) as (item, local, tree):
             found = await tree.lookup(local, name)
             return None if found is None else item.inodes.to_global(found)
+
+    async def _beside(self, item: CatalogSet, name: str) -> int:
+        """The inode of a set's file listed beside it (loading the set)."""
+        async with self._using(item.inodes.root) as (item, _local, tree):
+            found = await tree.lookup(ROOT_INODE, name)
+            if found is None:  # the view made no such file: still a name the catalog lists
+                raise FetchError(f"set {item.path} has no file {name}")
+            return item.inodes.to_global(found)
+
+    def _listed_beside(self, item: CatalogSet, name: str) -> tuple[int, int | None]:
+        """The inode and size of a set's file beside it, as a listing gives them: the
+        loaded tree's, else the inode its next load gives it and no size."""
+        tree = item.tree
+        file_id = tree.refset.file_id(name) if tree is not None else None
+        if tree is not None and file_id is not None:
+            local, size = tree.inode(file_id), tree.refset.file_size(file_id)
+        else:
+            assert self.catalog.beside is not None
+            generation = item.generation + item.changed
+            local = FILE_BASE + generation * GENERATION_SPAN + self.catalog.beside.file_id
+            size = None
+        return item.inodes.to_global(local), size
 
     async def listing(self, inode: int, after: int = -1) -> Iterator[Entry]:
         path = self._catalog_dir(inode)
@@ -140,10 +184,15 @@ class CatalogTree:
 
     def _catalog_entries(self, path: str, after: int) -> Iterator[Entry]:
         prefix = f"{path}/" if path else ""
-        children = self.catalog.plan.dirs.get(path, [])
+        plan = self.catalog.plan
+        children = plan.dirs.get(path, [])
         for cursor in range(after + 1, len(children)):
             name = children[cursor]
-            yield Entry(name, self.catalog.dirs.inode(prefix + name), None, cursor)
+            owner = plan.files.get(prefix + name)
+            if owner is None:
+                yield Entry(name, self.catalog.dirs.inode(prefix + name), None, cursor)
+            else:
+                yield Entry(name, *self._listed_beside(self.catalog.sets[owner], name), cursor)
 
     # -- attributes ----------------------------------------------------------------------
 
@@ -168,13 +217,15 @@ class CatalogTree:
 
     def listed_size(self, inode: int) -> int | None:
         item, local = self._set(inode)
-        return self._answering(item, local).listed_size(local)
+        try:
+            return self._answering(item, local).listed_size(local)
+        except (StaleInode, FetchError):  # a set's file beside it, the set not (all) loaded
+            return None
 
     async def node(self, inode: int) -> Node:
         path = self._catalog_dir(inode)
         if path is not None:
-            children = len(self.catalog.plan.dirs.get(path, []))
-            return Node(inode, self._dir_mode, 2 + children, 0)
+            return Node(inode, self._dir_mode, 2 + self.catalog.plan.subdirectories(path), 0)
         item, local = self._set(inode)
         if local == ROOT_INODE and item.tree is None:  # a stat of a set loads nothing
             return Node(inode, self._dir_mode, 2, 0)

@@ -38,6 +38,7 @@ from refmount.netcdf.header import (
     fits,
     lay_out,
 )
+from refmount.netcdf.options import SUFFIX
 from refmount.netcdf.types import FileType, TypeRefused, attribute, file_type, fill_attribute
 
 log = logging.getLogger(__name__)
@@ -128,11 +129,12 @@ async def groups(view: DecodedRefSet) -> tuple[dict[str, list[str]], dict[str, s
 
 def file_key(name: str, group: str) -> str:
     """The file of a group: ``<name>.nc`` for the root, ``<name>.<a>.<b>.nc`` for ``a/b``."""
-    return f"{name}.{group.replace('/', '.')}.nc" if group else f"{name}.nc"
+    return f"{name}.{group.replace('/', '.')}{SUFFIX}" if group else f"{name}{SUFFIX}"
 
 
 async def build(view: DecodedRefSet, name: str, choice: str) -> Files:
-    """The files of ``view`` (``name`` the root file's name, ``choice`` the format)."""
+    """The files of ``view`` (``name`` the root file's name, ``choice`` the format); the
+    root group's is always the first (:data:`refmount.netcdf.options.ROOT_FILE_ID`)."""
     found, left_out = await groups(view)
     files = Files([], left_out)
     for group, arrays in found.items():

@@ -13,6 +13,10 @@ if TYPE_CHECKING:
 #: ``--netcdf-format``: ``auto`` is CDF-2 (64-bit offset) unless a variable needs CDF-5.
 FORMAT_CHOICES = ("auto", "classic", "64bit-offset", "cdf5")
 _NAME = re.compile(r"[^/\x00]{1,200}")
+#: A file of the view is ``<name>.nc``; the root group's is the view's file 0, which a
+#: catalog lists beside each set before loading it (``run01.nc`` next to ``run01/``).
+SUFFIX = ".nc"
+ROOT_FILE_ID = 0
 
 
 def add_netcdf_options(p: argparse.ArgumentParser) -> None:
@@ -54,9 +58,6 @@ def default_name(refs: str) -> str:
 
 
 def root_name(config: Config) -> str:
-    """The name of a set's root file without ``.nc``: ``--netcdf-name``, else a version's
-    name (``--versions``: ``branches/main/main.nc``), else REFS's (a catalog's set's)."""
-    version = config.branch or config.tag or config.snapshot
-    if config.versions and version:
-        return version if _NAME.fullmatch(version) else "dataset"
+    """The name of a single set's root file without ``.nc``: ``--netcdf-name``, else
+    REFS's (a catalog names each set's file after the set)."""
     return config.netcdf_name or default_name(config.refs)

@@ -25,7 +25,9 @@ from refmount.cache.disk.cache import QUEUE_BYTES
 from refmount.cache.disk.tier import UNIT
 from refmount.catalog import is_catalog
 from refmount.catalog.catalog import Catalog
+from refmount.catalog.names import SetFile
 from refmount.catalog.serving import open_catalog
+from refmount.errors import RefsError
 from refmount.fetch import Fetcher, FetchPolicy
 from refmount.fuse_ops import Operations
 from refmount.icechunk import is_repository, open_configured
@@ -120,12 +122,12 @@ class Daemon:
         cache, disk = _block_cache(config, fetcher, refset.url_extent)
         reads, view, workers = _reads(config, cache)
         owner = Owner(config.uid, config.gid, config.umask)
-        tree = Tree(view(refset, config), owner, fetcher.size, fetcher.known_size)
+        tree = Tree(view(refset, config, None), owner, fetcher.size, fetcher.known_size)
         operations = Operations(tree, reads, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
         state = _mount_state(config, fetcher, reads, lambda: _key_count(operations.tree.refset))
         state.version = lambda: _raw(operations.tree.refset).source_version()
         control = _serve_state(operations, state, config)
-        load = lambda config: view(load_refset(config), config)  # noqa: E731
+        load = lambda config: view(load_refset(config), config, None)  # noqa: E731
         return cls(
             config,
             operations,
@@ -142,12 +144,21 @@ class Daemon:
     def load_catalog(cls, config: Config) -> Daemon:
         """REFS is a catalog (:mod:`refmount.catalog`): list it; sets load when used."""
         notify("STATUS=listing the catalog")
+        if config.netcdf_name is not None:
+            raise RefsError(
+                "--netcdf-name names the file of a single set: a catalog's files are named "
+                "after their sets (run01.nc)"
+            )
         fetcher, fetch_workers = _fetcher(config)
         fetcher.confine_flat_options(None)  # flat options: no one host to bind them to
         owner = Owner(config.uid, config.gid, config.umask)
         # Sets load only once the mount is served, after ``view`` is bound below.
         catalog, tree = open_catalog(
-            config, fetcher, owner, lambda config: view(load_refset(config), config)
+            config,
+            fetcher,
+            owner,
+            lambda config, name: view(load_refset(config), config, name),
+            beside=_beside(config),
         )
         cache, disk = _block_cache(config, fetcher, catalog.url_extent)
         reads, view, workers = _reads(config, cache)
@@ -358,28 +369,43 @@ def _reads(
     config: Config, cache: BlockCache
 ) -> tuple[
     BlockCache | DecodedReads | NetcdfReads,
-    Callable[[RefSet, Config], RefSet],
+    Callable[[RefSet, Config, str | None], RefSet],
     WorkerPool | None,
 ]:
     """What reads serve, and what a loaded set is presented as: the raw set through the
     block cache, or with ``--decode`` its decoded view through a decoder on top of it,
     decoding in the daemon's worker processes, or with ``--netcdf`` the netCDF view's
     files assembled from the decoded view's chunks.  What a set is presented as may
-    depend on its configuration (``config.refs`` names a catalog's set, or a version)."""
+    depend on its configuration (``config.refs`` names a catalog's set, or a version)
+    and its name in a catalog (None for a single set)."""
     if not (config.decode or config.netcdf):
-        return cache, lambda refset, config: refset, None
+        return cache, lambda refset, config, name: refset, None
     from refmount.decode import DecodedReads  # numpy and numcodecs: only when asked
 
     workers = decode_workers(config)
     fixed = config.netcdf or config.decode_strings == "fixed"  # netCDF: char arrays
     decoded = DecodedReads(cache, workers, fixed_strings=fixed)
     if not config.netcdf:
-        return decoded, lambda refset, config: decoded.view(refset), workers
+        return decoded, lambda refset, config, name: decoded.view(refset), workers
     from refmount.netcdf.options import root_name
     from refmount.netcdf.reads import NetcdfReads
 
     files = NetcdfReads(decoded, config.netcdf_format)
-    return files, lambda refset, config: files.view(refset, root_name(config)), workers
+
+    def view(refset: RefSet, config: Config, name: str | None) -> RefSet:
+        return files.view(refset, name or root_name(config))
+
+    return files, view, workers
+
+
+def _beside(config: Config) -> SetFile | None:
+    """The file of each set a catalog lists beside the set: with ``--netcdf`` the root
+    group's (``run01.nc`` next to ``run01/``)."""
+    if not config.netcdf:
+        return None
+    from refmount.netcdf.options import ROOT_FILE_ID, SUFFIX
+
+    return SetFile(SUFFIX, ROOT_FILE_ID)
 
 
 def decode_workers(config: Config) -> WorkerPool:

@@ -14,7 +14,7 @@ from pathlib import Path
 import netCDF4
 import numpy as np
 
-from tests.conftest import Mounted
+from tests.conftest import REFMOUNT, Mounted
 from tests.data_builders import kerchunk_refs
 from tests.test_catalog import loads, status
 from tests.test_netcdf import data_section, ncdump
@@ -161,3 +161,32 @@ def test_listing_two_thousand_sets_loads_none(
     with netCDF4.Dataset(root / "s1234.nc") as ds:
         np.testing.assert_array_equal(ds["v"][:], np.arange(1234, 1238))
     assert status(m)["catalog"]["loads"] == 1 and loads(m, "s1234") == 1
+
+
+def test_a_set_file_is_named_after_the_set_and_netcdf_name_is_refused(
+    mount: Callable[..., Mounted], mountpoint: Path, tmp_path: Path
+) -> None:
+    catalog = tmp_path / "dotted"
+    catalog.mkdir()
+    write_slice(tmp_path / "source.nc", 0)
+    refs = kerchunk_refs(tmp_path / "source.nc", str(tmp_path / "source.nc"))
+    (catalog / "run.v2.json").write_text(json.dumps(refs))
+    m = mount(catalog, "--netcdf", "--allow-local")
+    assert sorted(os.listdir(m.mountpoint)) == ["run.v2", "run.v2.nc"]
+    assert os.listdir(m.mountpoint / "run.v2") == ["run.v2.nc"]
+    checked = subprocess.run(
+        [*REFMOUNT, "check", "--netcdf", "--json", "--allow-local", str(catalog)],
+        capture_output=True,
+        timeout=120,
+    )
+    files = json.loads(checked.stdout)["sets"]["run.v2"]["netcdf"]["files"]
+    assert [f["name"] for f in files] == ["run.v2.nc"]
+    named = ["--netcdf", "--netcdf-name", "x", "--allow-local"]
+    refused = subprocess.run(
+        [*REFMOUNT, str(catalog), str(mountpoint), "-f", *named],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 1
+    assert "--netcdf-name names the file of a single set" in refused.stderr

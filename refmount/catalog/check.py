@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from refmount.catalog.names import plan
+from refmount.catalog.serving import beside
 from refmount.catalog.source import list_sets
 from refmount.check import CheckOptions, Report, check
 from refmount.errors import RefsError
@@ -43,12 +44,15 @@ def check_catalog(options: CheckOptions, progress: Any = None) -> CatalogReport:
     except RefsError as exc:
         report.problems.append(f"cannot list the catalog: {exc}")
         return report
-    listing = plan(found)
+    listing = plan(found, beside(options.netcdf))
     report.problems += listing.problems
     for path, entry in listing.sets.items():
         url = entry.found.url
-        one = dataclasses.replace(
-            options, refs=url, icechunk=is_repository(url, options.refs_options)
+        one = dataclasses.replace(  # a set's netCDF file is named after it, as mounted
+            options,
+            refs=url,
+            icechunk=is_repository(url, options.refs_options),
+            netcdf_name=entry.name,
         )
         report.sets[path] = check(one, progress)
     return report

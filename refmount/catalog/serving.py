@@ -27,13 +27,12 @@ def open_catalog(
     owner: Owner,
     load_refset: Callable[[Config, str], RefSet],
     make_tree: TreeFactory | None = None,
-    beside: SetFile | None = None,
 ) -> tuple[Catalog, CatalogTree]:
     """List REFS (a failure is a failed start) and make the catalog and its view.  Each
     set is read by ``load_refset(config, name)`` with the mount's options and bounds,
     REFS replaced by the set's URL (``name``: the set's name in the mount); ``make_tree``
-    makes a view of a loaded set (a plain Tree by default); ``beside`` is a file of each
-    set's view listed next to the set (:class:`SetFile`).
+    makes a view of a loaded set (a plain Tree by default).  With ``--netcdf`` each
+    set's root-group file is listed next to it (:func:`beside`).
     With ``--versions`` REFS is an Icechunk repository and its sets are its versions
     (:mod:`refmount.catalog.versions`)."""
 
@@ -77,7 +76,7 @@ def open_catalog(
         max_loaded_bytes=config.catalog_memory,
         signature=signature,
         prepare=fetcher.prepare,
-        beside=beside,
+        beside=beside(config.netcdf),
     )
     catalog.start()
     if not catalog.plan.sets and not config.catalog:
@@ -87,3 +86,13 @@ def open_catalog(
             "(--catalog mounts it anyway, empty until sets arrive)"
         )
     return catalog, CatalogTree(catalog, owner, fetcher.size)
+
+
+def beside(netcdf: bool) -> SetFile | None:
+    """The file of each set a catalog lists beside the set: with ``--netcdf`` the root
+    group's (``run01.nc`` next to ``run01/``, the view's file named after the set)."""
+    if not netcdf:
+        return None
+    from refmount.netcdf.options import ROOT_FILE_ID, SUFFIX
+
+    return SetFile(SUFFIX, ROOT_FILE_ID)

@@ -25,7 +25,6 @@ from refmount.cache.disk.cache import QUEUE_BYTES
 from refmount.cache.disk.tier import UNIT
 from refmount.catalog import is_catalog
 from refmount.catalog.catalog import Catalog
-from refmount.catalog.names import SetFile
 from refmount.catalog.serving import open_catalog
 from refmount.errors import RefsError
 from refmount.fetch import Fetcher, FetchPolicy
@@ -158,7 +157,6 @@ class Daemon:
             fetcher,
             owner,
             lambda config, name: view(load_refset(config), config, name),
-            beside=_beside(config),
         )
         cache, disk = _block_cache(config, fetcher, catalog.url_extent)
         reads, view, workers = _reads(config, cache)
@@ -396,16 +394,6 @@ def _reads(
         return files.view(refset, name or root_name(config))
 
     return files, view, workers
-
-
-def _beside(config: Config) -> SetFile | None:
-    """The file of each set a catalog lists beside the set: with ``--netcdf`` the root
-    group's (``run01.nc`` next to ``run01/``)."""
-    if not config.netcdf:
-        return None
-    from refmount.netcdf.options import ROOT_FILE_ID, SUFFIX
-
-    return SetFile(SUFFIX, ROOT_FILE_ID)
 
 
 def decode_workers(config: Config) -> WorkerPool:

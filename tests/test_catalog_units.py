@@ -14,7 +14,7 @@ import trio
 from refmount.catalog.catalog import Catalog
 from refmount.catalog.inodes import RANGE_BITS, CatalogDirs, InodeSpaceFull, Ranges, SetInodes
 from refmount.catalog.lru import LoadedSets
-from refmount.catalog.names import Found, plan, set_name
+from refmount.catalog.names import Found, SetFile, plan, set_name
 from refmount.catalog.source import is_catalog, list_sets
 from refmount.catalog.ttl import Expiring
 from refmount.catalog.view import CatalogTree
@@ -67,6 +67,26 @@ def test_plan_nests_directories_and_skips_clashes() -> None:
     assert any(p.startswith("x.json: skipped: a directory") for p in result.problems)
     assert any(p.startswith(".json: skipped") for p in result.problems)
     assert result.sets["2024/feb"].found.parquet
+
+
+def test_a_file_beside_each_set_unless_its_name_is_taken() -> None:
+    result = plan(
+        [
+            found("run01.json"),
+            found("run01.nc.json"),  # a set named as run01's file: run01 gets none
+            found("2024/jan.json"),
+            found("a" * 253 + ".json"),  # its file's name would be 256 bytes
+        ],
+        SetFile(".nc", 0),
+    )
+    assert result.files == {"2024/jan.nc": "2024/jan", "run01.nc.nc": "run01.nc"}
+    assert result.dirs == {
+        "": ["2024", "a" * 253, "run01", "run01.nc", "run01.nc.nc"],
+        "2024": ["jan", "jan.nc"],
+    }
+    assert result.subdirectories("") == 4 and result.subdirectories("2024") == 1
+    assert sorted(p.split(":")[0] for p in result.problems) == ["a" * 253 + ".nc", "run01.nc"]
+    assert all("is left out" in p for p in result.problems)
 
 
 def test_a_name_longer_than_a_directory_entry_is_skipped() -> None:

@@ -16,7 +16,7 @@ import numpy as np
 
 from tests.conftest import REFMOUNT, Mounted
 from tests.data_builders import kerchunk_refs
-from tests.test_catalog import loads, status
+from tests.test_catalog import eventually, loads, run, status
 from tests.test_netcdf import data_section, ncdump
 
 SLICES = 3
@@ -190,3 +190,32 @@ def test_a_set_file_is_named_after_the_set_and_netcdf_name_is_refused(
     )
     assert refused.returncode == 1
     assert "--netcdf-name names the file of a single set" in refused.stderr
+
+
+def test_sets_added_replaced_and_removed_swap_their_files(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    catalog, _ = time_slices(tmp_path)
+    m = mount(catalog, "--netcdf", "--allow-local", "--catalog-ttl", "1")
+    root = m.mountpoint
+
+    def first_time(name: str) -> float:
+        with netCDF4.Dataset(root / name) as ds:
+            return float(ds["time"][0])
+
+    assert first_time("run01.nc") == 0.0
+    # run01 now refers to the third slice; run02 is removed; run04 arrives
+    replaced = json.loads((catalog / "run03.json").read_text())
+    partial = catalog / "run01.json.partial"
+    partial.write_text(json.dumps(replaced))
+    os.utime(partial, (1, 1))
+    partial.rename(catalog / "run01.json")
+    (catalog / "run02.json").unlink()
+    (catalog / "run04.json").write_text(json.dumps(replaced))
+    # the kernel's entry of run01.nc is told to go (no listing in between refreshes it)
+    eventually(lambda: first_time("run01.nc") == 2.0 * STEPS, "run01.nc swapped")
+    now = sorted(f"run0{n}{suffix}" for n in (1, 3, 4) for suffix in ("", ".nc"))
+    eventually(lambda: sorted(os.listdir(root)) == now, "run02 removed, run04 added")
+    assert first_time("run04.nc") == 2.0 * STEPS
+    assert b"No such file" in run("stat", str(root / "run02.nc")).stderr
+    assert "catalog: reloaded set run01" in m.log()

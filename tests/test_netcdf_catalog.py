@@ -114,6 +114,11 @@ def test_a_catalog_is_a_flat_directory_of_nc_files(
     )
     assert stated.stdout.split() == [str(root / f"{n}.nc") for n in names]
     assert "broken.nc" in stated.stderr and "Input/output error" in stated.stderr
+    long = subprocess.run(["ls", "-ln", str(root)], capture_output=True, text=True, timeout=60)
+    sizes = {line.split()[-1]: line.split()[4] for line in long.stdout.splitlines()[1:]}
+    for name in names:
+        assert int(sizes[f"{name}.nc"]) == (root / f"{name}.nc").stat().st_size > 0
+    assert sizes["broken.nc"] == "?" and "broken.nc" in long.stderr  # ls: cannot access
     for attempt in (["stat", str(root / "broken.nc")], ["cat", str(root / "broken.nc")]):
         failed = subprocess.run(attempt, capture_output=True, text=True, timeout=60)
         assert failed.returncode != 0 and "Input/output error" in failed.stderr, failed

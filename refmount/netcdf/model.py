@@ -8,7 +8,8 @@ another length is a new dimension ``<name>_<length>`` (logged).  A rank-0 array 
 scalar variable.  ``|S<n>`` arrays take a last dimension ``strlen<n>``.  Attributes are
 the decoded view's ``.zattrs`` (CF time units of datetimes included) without
 ``_ARRAY_DIMENSIONS``; ``_FillValue`` in the variable's type (left out, logged, when the
-value is not one).  What the decoded view leaves out, and arrays whose type netCDF
+value is not one).  The values start :data:`HEADER_BLOCKS` blocks into the file, past
+what reading the header brings in.  What the decoded view leaves out, and arrays whose type netCDF
 classic has no place for, are left out of the file, logged and listed by
 ``refmount check --netcdf``.
 """
@@ -39,10 +40,26 @@ from refmount.netcdf.header import (
     lay_out,
 )
 from refmount.netcdf.types import FileType, TypeRefused, attribute, file_type, fill_attribute
+from refmount.refs.model import BLOCK_SIZE
 
 log = logging.getLogger(__name__)
 
 ZARRAY, ZATTRS = ".zarray", ".zattrs"
+#: netCDF-C reads in blocks of ``st_blksize``, never less than this.
+MIN_BLOCK_SIZE = 8 << 10
+#: The first variable's values start this many header blocks into the file.  The
+#: kernel's first read of a file brings in at most 4 times the read it serves (its
+#: initial read-ahead), so a reader of the header alone (netCDF-C reads one block:
+#: ``ncdump -h``) reads no value: no chunk is fetched or decoded for it.
+HEADER_BLOCKS = 4
+
+
+def header_block(length: int) -> int:
+    """The block size ``stat`` reports for a file whose header is ``length`` bytes: the
+    header's length rounded up to a power of two, from netCDF-C's floor (8 KiB) to 1 MiB.
+    netCDF-C reads its first block whole to read the header: a block of 1 MiB would have
+    ``ncdump -h`` of a set of small chunks decode thousands of them (4,096 of 256 B)."""
+    return min(BLOCK_SIZE, max(MIN_BLOCK_SIZE, 1 << (length - 1).bit_length()))
 
 
 def _join(path: str, name: str) -> str:
@@ -86,6 +103,11 @@ class NcFile:
     @property
     def size(self) -> int:
         return self.header.size
+
+    @property
+    def block_size(self) -> int:
+        """The block size ``stat`` reports (:func:`header_block`)."""
+        return header_block(len(self.text))
 
     @functools.cached_property
     def begins(self) -> list[int]:
@@ -184,7 +206,8 @@ def _file(
         if version != versions[-1] and not fits(header):
             continue
         try:
-            text = lay_out(header)
+            block = header_block(len(header.encoded()))
+            text = lay_out(header, data_at=HEADER_BLOCKS * block)
         except LayoutError as exc:
             raise FetchError(f"{key}: {exc} (--netcdf-format)") from None
         return NcFile(key, header, text, builder.sources), builder.left_out

@@ -1,10 +1,12 @@
 """How the netCDF view's files are read (``--netcdf``), through real mounts: the block
 size ``stat`` reports, a header read that decodes no chunk, read-ahead earned by a
-sequential reader and stopped with the mount; and the read-ahead's scheduler in process.
+sequential reader and stopped with the mount, text read back as strings (``_Encoding``);
+and the read-ahead's scheduler in process.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -13,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import netCDF4
+import numcodecs
 import numpy as np
 import trio
 import trio.testing
@@ -154,3 +157,47 @@ def test_a_closed_view_drops_its_stretches_and_cancels_its_decodes() -> None:
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_text_is_read_back_as_strings_and_bytes_as_chars(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    def zarray(dtype: str, filters: list[dict[str, str]] | None = None) -> str:
+        meta = {
+            "zarr_format": 2, "shape": [3], "chunks": [3], "dtype": dtype,
+            "compressor": None, "filters": filters, "order": "C", "fill_value": None,
+        }  # fmt: skip
+        return json.dumps(meta)
+
+    def inline(data: bytes) -> str:
+        return "base64:" + base64.b64encode(data).decode()
+
+    words = ["añb", "日本", ""]
+    dims = json.dumps({"_ARRAY_DIMENSIONS": ["n"]})
+    refs = {
+        ".zgroup": '{"zarr_format": 2}',
+        "fixed/.zarray": zarray("<U3"),
+        "fixed/.zattrs": dims,
+        "fixed/0": inline(np.array(words, "<U3").tobytes()),
+        "vlen/.zarray": zarray("|O", [{"id": "vlen-utf8"}]),
+        "vlen/.zattrs": dims,
+        "vlen/0": inline(numcodecs.VLenUTF8().encode(np.array(words, dtype=object))),
+        "raw/.zarray": zarray("|S2"),
+        "raw/.zattrs": dims,
+        "raw/0": inline(np.array([b"ab", b"\xff", b""], "|S2").tobytes()),
+    }
+    path = tmp_path / "text.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    served = mount(path, "--netcdf").mountpoint / "text.nc"
+    header = subprocess.run(
+        ["ncdump", "-h", str(served)], capture_output=True, text=True, check=True
+    ).stdout
+    assert header.count('_Encoding = "utf-8" ;') == 2 and "raw:_Encoding" not in header
+    with netCDF4.Dataset(served) as ds:  # _Encoding: netCDF4 joins the chars into strings
+        for name in ("fixed", "vlen"):
+            assert ds[name].getncattr("_Encoding") == "utf-8"
+            assert ds[name][...].tolist() == words, name
+        assert "_Encoding" not in ds["raw"].ncattrs()
+        raw = np.asarray(ds["raw"][...])
+        assert raw.shape == (3, 2) and raw.dtype == "S1"
+        assert raw.tobytes() == b"ab\xff\x00\x00\x00"

@@ -2,12 +2,11 @@
 
 A stretch of a file wanted ahead is queued as the chunks it covers, lazily (an iterator:
 32 MiB of 256-byte chunks would be 131,072 entries).  At most :data:`AHEAD_TASKS` tasks,
-run in the nursery this is given (:meth:`ReadAhead.start`, or :meth:`ReadAhead.run`
-which opens one), take the next chunk of the oldest stretch and decode it; a task ends
-when the queue is empty.  When a view closes (a reload replaced it, a catalog unloaded
-it) its stretches are dropped and its decodes running are cancelled; unmounting cancels
-the nursery.  Without a nursery (tests, tools) nothing is read ahead: readers decode
-what they read.
+run in the nursery this is given (:class:`refmount.nursery.Owned`), take the next chunk
+of the oldest stretch and decode it; a task ends when the queue is empty.  When a view
+closes (a reload replaced it, a catalog unloaded it) its stretches are dropped and its
+decodes running are cancelled; unmounting cancels the nursery.  Without a nursery
+(tests, tools) nothing is read ahead: readers decode what they read.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from refmount.netcdf.model import Source
+from refmount.nursery import Owned
 
 if TYPE_CHECKING:
     from refmount.netcdf.view import NetcdfRefSet
@@ -36,13 +36,12 @@ ChunkIndex = tuple[int, ...]
 Decode = Callable[["NetcdfRefSet", Source, ChunkIndex], Awaitable[object]]
 
 
-class ReadAhead:
+class ReadAhead(Owned):
     """Chunks of the netCDF view's files decoded ahead of their readers by ``decode``."""
 
     def __init__(self, decode: Decode, *, tasks: int = AHEAD_TASKS) -> None:
         self._decode = decode
         self._tasks = tasks
-        self._nursery: trio.Nursery | None = None
         self._queue: collections.deque[tuple[NetcdfRefSet, Iterator[tuple[Source, ChunkIndex]]]]
         self._queue = collections.deque(maxlen=AHEAD_STRETCHES)
         self._asked: collections.OrderedDict[tuple[int, str], None] = collections.OrderedDict()
@@ -50,22 +49,8 @@ class ReadAhead:
         self.working = 0  # tasks alive
         self.counters = dict.fromkeys(("netcdf_read_ahead", "netcdf_read_ahead_cancelled"), 0)
 
-    def start(self, nursery: trio.Nursery) -> None:
-        """Run the decodes in ``nursery`` from now on; cancelling it stops all of them."""
-        if self._nursery is not None:
-            raise RuntimeError("ReadAhead already has a nursery")
-        self._nursery = nursery
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Open a nursery for the decodes and keep it until cancelled."""
-        async with trio.open_nursery() as nursery:
-            self.start(nursery)
-            try:
-                task_status.started()
-                await trio.sleep_forever()
-            finally:
-                self._nursery = None
-                self._queue.clear()
+    def _stopped(self) -> None:
+        self._queue.clear()
 
     def want(self, view: NetcdfRefSet, chunks: Iterator[tuple[Source, ChunkIndex]]) -> None:
         """Decode ``chunks`` of ``view`` ahead, after the stretches queued before."""

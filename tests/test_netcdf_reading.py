@@ -67,7 +67,9 @@ def test_the_header_is_read_without_decoding_a_chunk_and_stat_reports_its_block(
     refs, values = small_chunks(root, f"{nginx.url}/header", 20000)
     mounted = mount(refs, "--netcdf", "--netcdf-name", "x", "--xattrs")
     path = mounted.mountpoint / "x.nc"
-    # A listing's entries (READDIRPLUS, as ls -l lists) and stat say the header's block.
+    # A listing's entries (ls -l lists with READDIRPLUS: the kernel keeps their
+    # attributes, which stat then shows) and stat say the header's block.
+    subprocess.run(["ls", "-l", str(mounted.mountpoint)], capture_output=True, check=True)
     listed = subprocess.run(
         ["stat", "-c", "%n %o", *[str(p) for p in mounted.mountpoint.iterdir()]],
         capture_output=True, text=True, check=True,

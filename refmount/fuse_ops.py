@@ -26,7 +26,7 @@ from refmount.cache import BlockCache
 from refmount.errors import FetchError
 from refmount.fetch import FetchStats
 from refmount.redaction import display_url
-from refmount.refs.model import Ref
+from refmount.refs.model import BLOCK_SIZE, Ref
 from refmount.tree import ROOT_INODE, Node, StaleInode, Tree
 from refmount.tuning import PYFUSE3_PATCHED
 
@@ -155,7 +155,7 @@ class Operations(pyfuse3.Operations):
         """Attributes the entries of one directory share (``inode``, or the entry's own);
         per-entry fields are filled in by the caller."""
         attr = pyfuse3.EntryAttributes()
-        attr.st_blksize = 1 << 20
+        attr.st_blksize = BLOCK_SIZE
         attr.st_uid = tree.owner.uid
         attr.st_gid = tree.owner.gid
         mtime_ns = int(tree.mtime(inode) * 1e9)
@@ -172,6 +172,7 @@ class Operations(pyfuse3.Operations):
         attr.st_nlink = node.nlink
         attr.st_size = node.size
         attr.st_blocks = (node.size + 511) // 512
+        attr.st_blksize = node.block_size
         return attr
 
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
@@ -235,7 +236,8 @@ class Operations(pyfuse3.Operations):
         counted = getattr(token, "plus", True)
         entries = await tree.listing(fh, after=start_id - 1)
         uncached = False  # attr holds timeouts of 0
-        for name, inode, size, cursor in entries:
+        block_size = BLOCK_SIZE  # attr's, set anew only when an entry's differs
+        for name, inode, size, cursor, entry_block_size in entries:
             encoded = name.encode("utf-8", "surrogateescape")
             if size is None and tree.is_dir(inode):
                 # Directories are few: each gets attributes of its own (times included,
@@ -254,6 +256,8 @@ class Operations(pyfuse3.Operations):
             attr.st_ino = inode
             attr.st_size = size
             attr.st_blocks = (size + 511) // 512
+            if entry_block_size != block_size:
+                attr.st_blksize = block_size = entry_block_size
             if not reply(token, encoded, attr, cursor + 1):
                 return
             if counted:

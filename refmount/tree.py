@@ -23,7 +23,7 @@ import trio
 
 from refmount.errors import FetchError
 from refmount.redaction import redact
-from refmount.refs.model import Ref, RefSet
+from refmount.refs.model import BLOCK_SIZE, Ref, RefSet
 
 ROOT_INODE = 1
 FILE_BASE = 1 << 40
@@ -43,12 +43,14 @@ class Owner:
 
 
 class Entry(NamedTuple):
-    """One directory entry as listed: ``size`` when the reference set knows it."""
+    """One directory entry as listed: ``size`` when the reference set knows it, and the
+    block size its set asks ``stat`` to report (:meth:`RefSet.block_size`)."""
 
     name: str
     inode: int
     size: int | None
     cursor: int
+    block_size: int = BLOCK_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,7 @@ class Node:
     mode: int
     nlink: int
     size: int
+    block_size: int = BLOCK_SIZE
 
 
 @dataclass
@@ -180,7 +183,7 @@ class Tree:
 
     def _entries(self, path: str, after: int) -> Iterator[Entry]:
         prefix = f"{path}/" if path else ""
-        file_size = self.refset.file_size
+        file_size, block_size = self.refset.file_size, self.refset.block_size
         base, pinned = self._base, self._pinned_inodes
         new_entry = tuple.__new__  # Entry(...) without its Python-level __new__: per entry
         for name, file_id, cursor in self.refset.children(path, after):
@@ -188,7 +191,8 @@ class Tree:
                 yield Entry(name, self._dir_inode(prefix + name), None, cursor)
             else:
                 inode = pinned.get(file_id, base + file_id) if pinned else base + file_id
-                yield new_entry(Entry, (name, inode, file_size(file_id), cursor))
+                entry = (name, inode, file_size(file_id), cursor, block_size(file_id))
+                yield new_entry(Entry, entry)
 
     # -- attributes -----------------------------------------------------------------------
 
@@ -213,16 +217,17 @@ class Tree:
     async def node(self, inode: int) -> Node:
         if self.is_dir(inode):
             return Node(inode, self._dir_mode, self._dir_nlink(inode), 0)
+        file_id = self._file_id(inode)
         try:
             ref = await self.ref(inode)
             size = await self.size(ref)
         except FetchError:
             # A key of the set whose bytes cannot be served: it exists (ENOENT would read
             # as fill values), and its read answers EIO.  Its size as the set knows it.
-            size = self.refset.file_size(self._file_id(inode))
+            size = self.refset.file_size(file_id)
             if size is None:
                 raise
-        return Node(inode, self.file_mode, 1, size)
+        return Node(inode, self.file_mode, 1, size, self.refset.block_size(file_id))
 
     def _dir_nlink(self, inode: int) -> int:
         nlink = self._nlinks.get(inode)

@@ -45,8 +45,9 @@ Checksums
     and a part fetched without one never serves a read that names one.
 
 Fetch tasks
-    Fetches run in the nursery the cache is given (``start``, or ``run`` which opens one);
-    a cache given none (tests, tools) has each reader fetch its own parts.
+    Fetches run in the nursery the cache is given (:class:`refmount.nursery.Owned`:
+    ``start``, or ``run`` which opens one); a cache given none (tests, tools) has each
+    reader fetch its own parts.
 
 Short files
     Fetches use ``allow_short``: the last block of a remote file may be short.  A read
@@ -68,6 +69,7 @@ from refmount.cache.parts import INFLIGHT_COST, Part, State
 from refmount.cache.streams import INITIAL_WINDOW, MAX_WINDOW, Prefetch, StreamTracker
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher
+from refmount.nursery import Owned
 from refmount.redaction import redact
 from refmount.refs.model import Checksum
 
@@ -101,7 +103,7 @@ class PartSource(Protocol):
     def stats(self) -> dict[str, int]: ...
 
 
-class BlockCache:
+class BlockCache(Owned):
     """Blocks of remote files shared by every reader, bounded by one memory budget."""
 
     def __init__(
@@ -134,7 +136,6 @@ class BlockCache:
             max_window=max_window,
             limit=self._ahead_limit_of,
         )
-        self._nursery: trio.Nursery | None = None
         # Every block key of every part, landed or pending.
         self._index: dict[Key, Part] = {}
         # Whole-reference parts, landed or pending, by (url, checksum, start, end).
@@ -157,22 +158,6 @@ class BlockCache:
         )
 
     # -- public ---------------------------------------------------------------------------
-
-    def start(self, nursery: trio.Nursery) -> None:
-        """Run fetches in ``nursery`` from now on; cancelling it stops all of them."""
-        if self._nursery is not None:
-            raise RuntimeError("BlockCache already has a nursery")
-        self._nursery = nursery
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Open a nursery for the cache's fetches and keep it until cancelled."""
-        async with trio.open_nursery() as nursery:
-            self.start(nursery)
-            try:
-                task_status.started()
-                await trio.sleep_forever()
-            finally:
-                self._nursery = None
 
     async def read(self, url: str, start: int, end: int) -> bytes:
         """Exactly bytes ``[start, end)`` of ``url``, or ``FetchError``."""

@@ -231,10 +231,10 @@ class CatalogTree:
             return Node(inode, self._dir_mode, 2, 0)
         async with self._using(inode) as (item, local, _tree):
             node = await self._answering(item, local).node(local)
-            return Node(inode, node.mode, node.nlink, node.size)
+            return Node(inode, node.mode, node.nlink, node.size, node.block_size)
 
 
 def _translated(entries: Iterator[Entry], item: CatalogSet) -> Iterator[Entry]:
     to_global = item.inodes.to_global
-    for name, inode, size, cursor in entries:
-        yield Entry(name, to_global(inode), size, cursor)
+    for name, inode, size, cursor, block_size in entries:
+        yield Entry(name, to_global(inode), size, cursor, block_size)

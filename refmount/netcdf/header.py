@@ -187,12 +187,15 @@ class _Writer:
         return b"".join(self._parts)
 
 
-def lay_out(header: Header) -> bytes:
+def lay_out(header: Header, data_at: int = 0) -> bytes:
     """Set each variable's ``begin`` (in header order, right after the header and the
-    variable before) and return the header's bytes; :class:`LayoutError` when the
-    header's version cannot hold the layout."""
+    variable before; the first at ``data_at`` at least, a multiple of 4: the space
+    between is the header's free space, as netCDF-C's ``nc__enddef`` reserves it) and
+    return the header's bytes; :class:`LayoutError` when the header's version cannot hold
+    the layout."""
     _check(header)
-    at = len(header.encoded())  # begins are fixed-width: the size does not depend on them
+    # Begins are fixed-width: the header's size does not depend on them.
+    at = max(len(header.encoded()), data_at)
     for variable in header.variables:
         variable.begin = at
         at += variable.vsize

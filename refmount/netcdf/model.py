@@ -5,10 +5,12 @@ A group's arrays are its file's variables, in the view's listing order.  Dimensi
 from ``_ARRAY_DIMENSIONS`` (a Zarr v3 array's ``dimension_names`` are presented so by
 the decoded view); an array without names gets ``<array>_dim<i>``; a name met again with
 another length is a new dimension ``<name>_<length>`` (logged).  A rank-0 array is a
-scalar variable.  ``|S<n>`` arrays take a last dimension ``strlen<n>``.  Attributes are
+scalar variable.  ``|S<n>`` arrays take a last dimension ``strlen<n>``, and those
+holding text (``<U<n>``, ``vlen-utf8``) ``_Encoding = "utf-8"``.  Attributes are
 the decoded view's ``.zattrs`` (CF time units of datetimes included) without
 ``_ARRAY_DIMENSIONS``; ``_FillValue`` in the variable's type (left out, logged, when the
-value is not one).  What the decoded view leaves out, and arrays whose type netCDF
+value is not one).  The values start :data:`HEADER_BLOCKS` blocks into the file, past
+what reading the header brings in.  What the decoded view leaves out, and arrays whose type netCDF
 classic has no place for, are left out of the file, logged and listed by
 ``refmount check --netcdf``.
 """
@@ -23,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from refmount.decode.arrays import Array, ArrayRefused
+from refmount.decode.arrays import Array, ArrayRefused, ChunkDecoder
 from refmount.decode.scalars import DIMENSIONS_ATTRIBUTE
+from refmount.decode.strings import vlen_codecs
 from refmount.decode.view import DecodedRefSet
 from refmount.errors import FetchError
 from refmount.netcdf.header import (
@@ -40,10 +43,29 @@ from refmount.netcdf.header import (
 )
 from refmount.netcdf.options import SUFFIX
 from refmount.netcdf.types import FileType, TypeRefused, attribute, file_type, fill_attribute
+from refmount.refs.model import BLOCK_SIZE
 
 log = logging.getLogger(__name__)
 
 ZARRAY, ZATTRS = ".zarray", ".zattrs"
+#: The attribute that says a char variable holds text in this encoding (netCDF-C's and
+#: CF's: netCDF4-python reads such a variable as strings).
+ENCODING = "_Encoding"
+#: netCDF-C reads in blocks of ``st_blksize``, never less than this.
+MIN_BLOCK_SIZE = 8 << 10
+#: The first variable's values start this many header blocks into the file.  The
+#: kernel's first read of a file brings in at most 4 times the read it serves (its
+#: initial read-ahead), so a reader of the header alone (netCDF-C reads one block:
+#: ``ncdump -h``) reads no value: no chunk is fetched or decoded for it.
+HEADER_BLOCKS = 4
+
+
+def header_block(length: int) -> int:
+    """The block size ``stat`` reports for a file whose header is ``length`` bytes: the
+    header's length rounded up to a power of two, from netCDF-C's floor (8 KiB) to 1 MiB.
+    netCDF-C reads its first block whole to read the header: a block of 1 MiB would have
+    ``ncdump -h`` of a set of small chunks decode thousands of them (4,096 of 256 B)."""
+    return min(BLOCK_SIZE, max(MIN_BLOCK_SIZE, 1 << (length - 1).bit_length()))
 
 
 def _join(path: str, name: str) -> str:
@@ -87,6 +109,11 @@ class NcFile:
     @property
     def size(self) -> int:
         return self.header.size
+
+    @property
+    def block_size(self) -> int:
+        """The block size ``stat`` reports (:func:`header_block`)."""
+        return header_block(len(self.text))
 
     @functools.cached_property
     def begins(self) -> list[int]:
@@ -186,7 +213,8 @@ def _file(
         if version != versions[-1] and not fits(header):
             continue
         try:
-            text = lay_out(header)
+            block = header_block(len(header.encoded()))
+            text = lay_out(header, data_at=HEADER_BLOCKS * block)
         except LayoutError as exc:
             raise FetchError(f"{key}: {exc} (--netcdf-format)") from None
         return NcFile(key, header, text, builder.sources), builder.left_out
@@ -260,6 +288,8 @@ class _Builder:
             dimids.append(self._dimension(f"strlen{kind.width}", kind.width, path))
             file_shape = (*shape, kind.width)
         attributes = self._attributes(path, document, kind)
+        if kind.width is not None and _text(array) and ENCODING not in document:
+            attributes.append(attribute(ENCODING, "utf-8", cdf5=self.cdf5))
         variable = Variable(name, tuple(dimids), kind.nc_type, file_shape, attributes)
         fill = _absent_fill(meta.get("fill_value"), document.get("_FillValue"), kind)
         self.sources.append(
@@ -287,6 +317,16 @@ class _Builder:
         if kind is not None and kind.unsigned and "_Unsigned" not in document:
             out.append(attribute("_Unsigned", "true", cdf5=self.cdf5))
         return out
+
+
+def _text(array: Array) -> bool:
+    """Whether a string array's values are text (``<U<n>`` or ``vlen-utf8``, served as
+    UTF-8), not bytes (``|S<n>``, ``vlen-bytes``)."""
+    decoder = array.decoder
+    if isinstance(decoder, ChunkDecoder):
+        return decoder.utf8_chars is not None
+    codecs = vlen_codecs(array.meta)
+    return codecs is not None and codecs[0] == "vlen-utf8"
 
 
 def _absent_fill(zarr_fill: Any, attribute_fill: Any, kind: FileType) -> bytes:

@@ -9,39 +9,42 @@ processes and keeps them under the block cache's one memory budget.
 A read maps to the elements it covers (:mod:`refmount.netcdf.boxes`), hence to chunks;
 the chunks are read concurrently as decoded chunks, their elements converted to the
 file's big-endian type.  A chunk that fails fails the read (EIO), never zeros: only a
-chunk the reference set does not have is its fill value.  Each read also starts the
-decoding of the chunks of the next :data:`READ_AHEAD` bytes of the file, so that a
-sequential reader (``cp``, ``cat``, ``ncdump``) finds them decoded, each decoded once.
+chunk the reference set does not have is its fill value.  Reads are followed as
+streams per file (:mod:`refmount.cache.streams`, as the block cache follows remote
+files): a sequential reader (``cp``, ``cat``, ``ncdump``) earns a read-ahead window of
+up to :data:`READ_AHEAD` bytes of the file, whose chunks are decoded ahead of it
+(:mod:`refmount.netcdf.ahead`), each decoded once.  A lone read (``ncdump -h`` reading
+the header) starts no read-ahead.
 """
 
 from __future__ import annotations
 
 import bisect
-import collections
 import errno
 import itertools
-import logging
 import weakref
 from collections.abc import Iterator
 
 import numpy as np
 import trio
 
+from refmount.cache.streams import INITIAL_WINDOW, StreamTracker
 from refmount.decode.reads import DecodedReads
 from refmount.errors import FetchError
+from refmount.netcdf.ahead import ReadAhead
 from refmount.netcdf.boxes import boxes, chunk_indices, overlap
 from refmount.netcdf.header import Variable
 from refmount.netcdf.model import NcFile, Source
 from refmount.netcdf.view import SCHEME, NetcdfRefSet
 from refmount.refs.model import Checksum, RefSet
 
-log = logging.getLogger(__name__)
-
-#: Bytes of the file after a read whose chunks are decoded ahead of the reader.
+#: A sequential reader's read-ahead: its window starts at 1 MiB of the file once the
+#: reader has read 512 KiB in order (:mod:`refmount.cache.streams`), and doubles while the
+#: reader keeps pace, up to this; it is topped up in steps of half the window, at most
+#: :data:`AHEAD_STEP`.  A read this far past the stream's end still continues it.
 READ_AHEAD = 32 << 20
-#: Chunks decoded ahead at once, and chunk keys remembered as already asked ahead.
-AHEAD_TASKS = 8
-AHEAD_REMEMBERED = 4096
+AHEAD_STEP = 4 << 20
+STREAM_REACH = 1 << 20
 
 Chunk = np.ndarray | None  # None: the set has no such chunk (its fill value)
 
@@ -55,18 +58,30 @@ class NetcdfReads:
         self.choice = choice
         self._views: weakref.WeakValueDictionary[int, NetcdfRefSet] = weakref.WeakValueDictionary()
         self._serials = itertools.count()
-        self._ahead: collections.OrderedDict[tuple[int, str], None] = collections.OrderedDict()
-        self._ahead_limit = trio.Semaphore(AHEAD_TASKS)
-        self._counters = dict.fromkeys(("netcdf_reads", "netcdf_bytes", "netcdf_read_ahead"), 0)
+        self.ahead = ReadAhead(self._chunk)
+        self.streams = StreamTracker(
+            block_size=STREAM_REACH,
+            max_part=AHEAD_STEP,
+            initial_window=INITIAL_WINDOW,
+            max_window=READ_AHEAD,
+        )
+        self._counters = dict.fromkeys(("netcdf_reads", "netcdf_bytes"), 0)
 
     def view(self, raw: RefSet, name: str) -> NetcdfRefSet:
         """The netCDF view of ``raw``, whose files this reads; ``name.nc`` its root's."""
-        view = NetcdfRefSet(self.decoded.view(raw), next(self._serials), name, self.choice)
+        serial = next(self._serials)
+        decoded = self.decoded.view(raw)
+        view = NetcdfRefSet(decoded, serial, name, self.choice, closing=self.ahead.forget)
         self._views[view.serial] = view
         return view
 
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep a nursery for the read-ahead's decodes until cancelled (the daemon's
+        life)."""
+        await self.ahead.run(task_status=task_status)
+
     def stats(self) -> dict[str, int]:
-        return {**self.decoded.stats(), **self._counters}
+        return {**self.decoded.stats(), **self._counters, **self.ahead.counters}
 
     async def read_buffer(
         self,
@@ -82,8 +97,7 @@ class NetcdfReads:
         data = await self._assemble(view, made, start, end)
         self._counters["netcdf_reads"] += 1
         self._counters["netcdf_bytes"] += len(data)
-        if end < made.size:
-            self._read_ahead(view, made, end, min(made.size, end + READ_AHEAD))
+        self._read_ahead(url, view, made, start, end)
         return data
 
     def _file(self, url: str) -> tuple[NetcdfRefSet, NcFile]:
@@ -170,33 +184,29 @@ class NetcdfReads:
 
     # -- reading ahead --------------------------------------------------------------------
 
-    def _read_ahead(self, view: NetcdfRefSet, made: NcFile, start: int, end: int) -> None:
-        """Start decoding the chunks of bytes ``start`` to ``end`` not asked for yet."""
-        for variable, source in _overlapping(made, start, end):
-            low = max(start, variable.begin) - variable.begin
-            high = min(end, variable.begin + variable.data_size) - variable.begin
-            if low >= high:
-                continue
-            size = source.kind.served.itemsize
-            for box in boxes(source.shape, low // size, -(-high // size)):
-                for index in chunk_indices(box, source.chunks):
-                    key = (view.serial, source.chunk_key(index))
-                    if key in self._ahead:
-                        continue
-                    self._ahead[key] = None
-                    if len(self._ahead) > AHEAD_REMEMBERED:
-                        self._ahead.popitem(last=False)
-                    self._counters["netcdf_read_ahead"] += 1
-                    trio.lowlevel.spawn_system_task(self._decode_ahead, view, source, index)
+    def _read_ahead(self, url: str, view: NetcdfRefSet, made: NcFile, start: int, end: int) -> None:
+        """Follow a read of ``[start, end)`` in the file's streams, and queue the chunks
+        of the read-ahead a sequential stream has earned."""
+        want = self.streams.observe(url, start, end)
+        if want is None:
+            return
+        stretch_end = min(want.end, made.size)
+        want.reached(stretch_end)
+        if want.start < stretch_end:
+            self.ahead.want(view, _chunks_of(made, want.start, stretch_end))
 
-    async def _decode_ahead(
-        self, view: NetcdfRefSet, source: Source, index: tuple[int, ...]
-    ) -> None:
-        try:
-            async with self._ahead_limit:
-                await self._chunk(view, source, index)
-        except Exception as exc:  # the reader's own read reports it
-            log.debug("reading ahead %s failed: %s", source.chunk_key(index), exc)
+
+def _chunks_of(made: NcFile, start: int, end: int) -> Iterator[tuple[Source, tuple[int, ...]]]:
+    """The chunks whose values bytes ``start`` to ``end`` of the file hold, in file order."""
+    for variable, source in _overlapping(made, start, end):
+        low = max(start, variable.begin) - variable.begin
+        high = min(end, variable.begin + variable.data_size) - variable.begin
+        if low >= high:
+            continue
+        size = source.kind.served.itemsize
+        for box in boxes(source.shape, low // size, -(-high // size)):
+            for index in chunk_indices(box, source.chunks):
+                yield source, index
 
 
 def _overlapping(made: NcFile, start: int, end: int) -> Iterator[tuple[Variable, Source]]:

@@ -13,7 +13,7 @@ naming why), and is tried again on the next.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import trio
@@ -29,9 +29,18 @@ SCHEME = "refmount-netcdf:"
 
 class NetcdfRefSet(RefSet):
     """``decoded`` as netCDF files; ``name`` names the root group's file, ``choice`` is
-    ``--netcdf-format``."""
+    ``--netcdf-format``; ``closing`` is told when the view closes (its read-ahead
+    stops)."""
 
-    def __init__(self, decoded: DecodedRefSet, serial: int, name: str, choice: str) -> None:
+    def __init__(
+        self,
+        decoded: DecodedRefSet,
+        serial: int,
+        name: str,
+        choice: str,
+        *,
+        closing: Callable[[NetcdfRefSet], None] = lambda view: None,
+    ) -> None:
         self.decoded = decoded
         self.raw = decoded.raw
         self.serial = serial
@@ -41,6 +50,8 @@ class NetcdfRefSet(RefSet):
         self._files: Files | None = None
         self._ids: dict[str, int] = {}
         self._building: trio.Lock | None = None
+        self._closing = closing
+        self.closed = False
 
     async def files(self) -> Files:
         """The files, made on first use."""
@@ -74,6 +85,9 @@ class NetcdfRefSet(RefSet):
     def file_size(self, file_id: int) -> int | None:
         return self.file(file_id).size
 
+    def block_size(self, file_id: int) -> int:
+        return self.file(file_id).block_size
+
     def is_dir(self, path: str) -> bool:
         return path == ""
 
@@ -103,4 +117,6 @@ class NetcdfRefSet(RefSet):
         return self.decoded.raw.source_version()
 
     def close(self) -> None:
+        self.closed = True
+        self._closing(self)
         self.decoded.close()

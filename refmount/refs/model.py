@@ -14,6 +14,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+#: The block size ``stat`` reports for a file (``st_blksize``) unless its set knows better.
+BLOCK_SIZE = 1 << 20
+
 
 @dataclass(frozen=True, slots=True)
 class Checksum:
@@ -100,6 +103,13 @@ class RefSet(ABC):
         file).  A shortcut for listings: no :class:`Ref` is built."""
         ref = self.ref(file_id)
         return len(ref.data) if ref.data is not None else ref.length
+
+    def block_size(self, file_id: int) -> int:
+        """The block size ``stat`` reports for a file (``st_blksize``): readers size
+        their reads by it (netCDF-C reads its first block whole, ``cp`` reads at least
+        this).  1 MiB, large reads of large files; a view whose readers start with a
+        small part of a file says so (the netCDF view: a file's header)."""
+        return BLOCK_SIZE
 
     async def ensure(self, path: str, after: int = -1) -> None:  # noqa: B027 - optional hook
         """Load, without blocking the event loop, what the synchronous methods need for

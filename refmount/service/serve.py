@@ -94,6 +94,8 @@ class Daemon:
     workers: WorkerPool | None = None
     #: The worker processes remote requests run in (``--fetch-workers``).
     fetch_workers: FetchWorkers | None = None
+    #: The netCDF view's reads (``--netcdf``), whose read-ahead runs in the daemon's nursery.
+    netcdf: NetcdfReads | None = None
 
     @classmethod
     def load(cls, config: Config) -> Daemon:
@@ -137,6 +139,7 @@ class Daemon:
             signature=signature,
             workers=workers,
             fetch_workers=fetch_workers,
+            netcdf=reads if config.netcdf else None,  # type: ignore[arg-type]
         )
 
     @classmethod
@@ -174,6 +177,7 @@ class Daemon:
             disk=disk,
             workers=workers,
             fetch_workers=fetch_workers,
+            netcdf=reads if config.netcdf else None,  # type: ignore[arg-type]
         )
 
     def run(self, ready: Callable[[], None], on_error: Callable[[str], None] | None) -> int:
@@ -238,6 +242,8 @@ class Daemon:
             if self.disk is not None:
                 await nursery.start(self.disk.run)
             await nursery.start(self.cache.run)
+            if self.netcdf is not None:
+                await nursery.start(self.netcdf.run)
             await nursery.start(self.control.run)
             # SIGHUP refreshes a catalog (which reloads its changed sets), else reloads.
             reload = reloader.request if self.catalog is None else self.catalog.request_refresh

@@ -30,6 +30,7 @@ import trio
 
 from refmount.errors import FetchError
 from refmount.fetch.backend import MAX_FILE_SIZE, Backend, Version, WrongAnswer
+from refmount.fetch.buffers import BufferPool
 from refmount.fetch.checksums import ChangedObject
 from refmount.fetch.local import LocalBackend
 from refmount.fetch.obstore_backend import make_backend
@@ -117,6 +118,9 @@ class Fetcher:
     #: What makes a remote scope's backend: :func:`make_backend` in this process, or
     #: the same call in the fetch worker processes (``FetchWorkers.backend``).
     make_remote: Callable[..., Backend] = make_backend
+    #: Where backends that receive bodies into buffers of their own take them: the
+    #: block cache gives its evicted parts' buffers back to it (it sets the limit).
+    buffers: BufferPool = field(default_factory=BufferPool)
 
     def __post_init__(self) -> None:
         self._local = LocalBackend()
@@ -288,6 +292,7 @@ class Fetcher:
             self.backend,
             deadline=policy.timeout,
             threads=2 * policy.max_requests,  # abandoned reads hold theirs a while
+            buffers=self.buffers,
         )
 
     def _options_for(self, protocol: str, scope: str) -> dict[str, Any]:

@@ -47,6 +47,7 @@ import trio
 from refmount.errors import FetchError
 from refmount.fetch import checksums
 from refmount.fetch.backend import Backend, Version, sized, version_of
+from refmount.fetch.buffers import BufferPool
 from refmount.fetch.fsspec_backend import FsspecBackend, on_fsspec_loop
 from refmount.fetch.http import HttpBackend
 from refmount.fetch.http.s3 import s3_client
@@ -98,6 +99,7 @@ def make_backend(
     *,
     deadline: float | None = None,
     threads: int = READ_THREADS,
+    buffers: BufferPool | None = None,
 ) -> Backend:
     """The backend for a remote protocol.
 
@@ -135,12 +137,12 @@ def make_backend(
         return backend
     headers = config.client_options["default_headers"]
     if protocol == "http":
-        return HttpBackend(headers, backend)
+        return HttpBackend(headers, backend, buffers=buffers)
     if protocol == "https":
-        return HttpBackend(headers, backend, tls=trust.context())
+        return HttpBackend(headers, backend, tls=trust.context(), buffers=buffers)
     if protocol in S3_PROTOCOLS and (s3 := s3_client(config)) is not None:
         tls = trust.context() if s3.scheme == "https" else None
-        return HttpBackend(headers, backend, tls=tls, s3=s3)
+        return HttpBackend(headers, backend, tls=tls, s3=s3, buffers=buffers)
     return backend
 
 

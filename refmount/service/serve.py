@@ -229,6 +229,7 @@ class Daemon:
             if self.disk is not None:
                 await nursery.start(self.disk.run)
             await nursery.start(self.cache.run)
+            self.cache.fetcher.start(nursery)
             await nursery.start(self.control.run)
             # SIGHUP refreshes a catalog (which reloads its changed sets), else reloads.
             reload = reloader.request if self.catalog is None else self.catalog.request_refresh

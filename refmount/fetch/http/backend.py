@@ -225,6 +225,10 @@ class HttpBackend:
             connection.close()
         return data
 
+    def start(self, nursery: trio.Nursery) -> None:
+        """Run the connection pool's expiry in ``nursery`` (see :mod:`.pool`)."""
+        self.pool.start(nursery)
+
     def _locate(self, url: str) -> _Target | None:
         if self.s3 is None:
             return _target(url, self.scheme)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
 import socket
 import ssl
 import subprocess
@@ -183,6 +184,38 @@ def test_a_ca_bundle_that_is_no_file_is_refused(no_trust_env: None) -> None:
         split_options({"ca_bundle": "/nonexistent.pem"})
     trust, rest = split_options({"ca_bundle": __file__, "headers": {}})
     assert trust.bundles == (__file__,) and rest == {"headers": {}}
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "no such file"),
+        (b"not a certificate\n", "no PEM certificate in it"),
+        (b"-----BEGIN CERTIFICATE-----\nbm90IGRlcg==\n-----END CERTIFICATE-----\n",
+         "not a CA bundle OpenSSL reads"),
+    ],
+)  # fmt: skip
+def test_a_ca_bundle_that_names_no_ca_bundle_fails_the_start_and_the_check(
+    tmp_path: Path, content: bytes | None, problem: str
+) -> None:
+    """The mount command and ``refmount check`` refuse it before anything is read or
+    mounted, naming the scope, the option and the path; never at the first read."""
+    bundle = tmp_path / "lab-ca.pem"
+    if content is not None:
+        bundle.write_bytes(content)
+    refs = write_refs(tmp_path, "https://127.0.0.1:9/data.bin")
+    options = json.dumps({"https": {"ca_bundle": str(bundle)}})
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    said = f"--remote-options https: ca_bundle '{bundle}': {problem}"
+    for argv in (
+        (str(refs), str(mountpoint), "--remote-options", options),
+        ("check", str(refs), "--remote-options", options),
+    ):
+        done = refmount_cli(*argv)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert said in done.stderr, done.stderr
+        assert not os.path.ismount(mountpoint)
 
 
 # -- hostile TLS servers -----------------------------------------------------------------

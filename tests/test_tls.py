@@ -541,3 +541,28 @@ def test_s3_requests_as_sent(anon: bool, raw_server: Callable[[Answer], RawServe
     assert headers["x-amz-security-token"] == "t"
     credential = f"Credential=AKID/{headers['x-amz-date'][:8]}/eu-north-1/s3/aws4_request"
     assert headers["authorization"].startswith(f"AWS4-HMAC-SHA256 {credential}, ")
+
+
+@pytest.mark.parametrize("protocol", ["gs", "az"])
+def test_fsspec_for_gcs_and_azure_says_the_ca_bundle_does_not_reach_it(
+    protocol: str, certificates: Certificates, no_trust_env: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """gcsfs and adlfs take no CA bundle (README, TLS and certificates): where fsspec
+    serves them, the log says the bundle is not trusted for their hosts; where obstore
+    serves them it is (its root certificates), and nothing is said."""
+    from refmount.fetch.obstore_backend import make_backend
+
+    options = {"ca_bundle": str(certificates.ca)}
+    with caplog.at_level("WARNING", logger="refmount.fetch.obstore_backend"):
+        make_backend(protocol, options, "fsspec").close()
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        f"{protocol}: fsspec's filesystem for it takes no CA bundle: {certificates.ca} not "
+        "trusted for its hosts (only the system store, or SSL_CERT_FILE instead of it); "
+        f"obstore trusts them where it serves {protocol}"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="refmount.fetch.obstore_backend"):
+        make_backend(protocol, options, "obstore").close()
+        make_backend("https", options, "fsspec").close()  # aiohttp takes the context
+    assert caplog.records == []

@@ -208,6 +208,10 @@ def openssl_reason(exc: ssl.SSLCertVerificationError) -> str:
     return getattr(exc, "verify_message", None) or str(getattr(exc, "reason", None) or exc)
 
 
+#: fsspec's protocols whose filesystems take the trust (an SSL context or a CA file).
+TRUSTING_FSSPEC = frozenset({"http", "https", "s3", "s3a"})
+
+
 def fsspec_options(protocol: str, options: Mapping[str, Any], trust: Trust) -> dict[str, Any]:
     """fsspec storage options that verify against ``trust``: an SSL context for the
     HTTP filesystem (aiohttp takes it per request), one CA file for s3fs (botocore's

@@ -132,3 +132,21 @@ def test_sixteen_readers_through_a_small_cache_read_exact_bytes(
     stats = json.loads(os.getxattr(m.mountpoint, "user.refmount.stats"))
     assert stats["buffers_reused"] > 100, stats
     assert m.process.poll() is None, m.log()
+
+
+def test_with_fetch_workers_no_buffer_is_kept_for_nobody(
+    mount: Callable[..., Mounted], nginx: NginxServer, tmp_path: Path
+) -> None:
+    """Bodies fetched by worker processes reach the daemon through pipes, into buffers
+    of their own: the cache keeps no evicted buffer that no fetch would take."""
+    data = random.Random(31).randbytes(160 * SIZE)
+    (nginx.root / "buffers-workers.bin").write_bytes(data)
+    url = f"{nginx.url}/buffers-workers.bin"
+    refs = {f"c/{n:04d}": [url, n * SIZE, SIZE] for n in range(160)}
+    m = mount(write_refs(tmp_path, refs), "--cache-size", "16M", "--xattrs",
+              "--fetch-workers", "1")  # fmt: skip
+    done = subprocess.run(["cat", *sorted(refs)], cwd=m.mountpoint, capture_output=True,
+                          timeout=300, check=True)  # fmt: skip
+    assert done.stdout == data
+    stats = json.loads(os.getxattr(m.mountpoint, "user.refmount.stats"))
+    assert stats["evictions"] > 50 and "buffers_free_bytes" not in stats, stats

@@ -121,7 +121,8 @@ class Fetcher:
     make_remote: Callable[..., Backend] = make_backend
     #: Where backends that receive bodies into buffers of their own take them: the
     #: block cache gives its evicted parts' buffers back to it (it sets the limit).
-    buffers: BufferPool = field(default_factory=BufferPool)
+    #: None where no backend of this process receives bodies (fetch worker processes).
+    buffers: BufferPool | None = field(default_factory=BufferPool)
 
     def __post_init__(self) -> None:
         self._local = LocalBackend()

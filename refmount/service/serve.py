@@ -453,6 +453,7 @@ def _fetcher(config: Config) -> tuple[Fetcher, FetchWorkers | None]:
         return fetcher, None
     workers = FetchWorkers(config.fetch_workers, per_worker=config.max_requests_per_host)
     fetcher.make_remote = workers.backend
+    fetcher.buffers = None  # bodies arrive through the workers' pipes: nothing to give back
     fetcher.stats.workers = workers.stats
     return fetcher, workers
 

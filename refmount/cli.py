@@ -20,7 +20,9 @@ import sys
 from refmount.netcdf.options import FORMAT_CHOICES
 from refmount.options import (
     MAX_RETRIES,
+    UsageError,
     add_icechunk_options,
+    check_remote_trust,
     parse_args,
     parse_json_object,
     per_protocol,
@@ -166,12 +168,18 @@ def run_check(argv: list[str]) -> int:
     from refmount.icechunk import is_repository
     from refmount.service.progress import LoadProgress
 
-    args = check_parser().parse_args(argv)
+    parser = check_parser()
+    args = parser.parse_args(argv)
+    remote_options = per_protocol(args.remote_options, args.remote_protocol)
+    try:
+        check_remote_trust(remote_options)
+    except UsageError as exc:
+        parser.error(str(exc))
     options = CheckOptions(
         refs=args.refs,
         refs_options=args.refs_options,
         remote_protocol=args.remote_protocol,
-        remote_options=per_protocol(args.remote_options, args.remote_protocol),
+        remote_options=remote_options,
         allow_local=args.allow_local,
         probe=args.probe,
         seed=args.seed,

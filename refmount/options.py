@@ -604,6 +604,7 @@ def parse_args(argv: list[str]) -> Config:
     try:
         for scope, options in values["remote_options"].items():
             check_headers(options, "--remote-options" + ("" if scope == "*" else f" {scope}"))
+        check_remote_trust(values["remote_options"])
         check_headers(values.get("refs_options") or {}, "--refs-options")
         values["refs"] = refs_location(args.refs)
     except UsageError as exc:
@@ -629,6 +630,17 @@ def refs_location(given: str | None) -> str:
     if not location:
         raise UsageError(f"{path} holds no REFS")
     return location
+
+
+def check_remote_trust(remote_options: Mapping[str, Mapping[str, Any]]) -> None:
+    """UsageError for a ``ca_bundle`` remote option that names no CA bundle (see
+    :func:`refmount.fetch.trust.check_bundles`)."""
+    from refmount.fetch.trust import check_bundles  # the fetch layer: only when parsing
+
+    try:
+        check_bundles(remote_options)
+    except ValueError as exc:
+        raise UsageError(f"--remote-options {exc}") from None
 
 
 def check_headers(options: Mapping[str, Any], where: str) -> None:

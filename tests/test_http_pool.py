@@ -20,7 +20,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from refmount.fetch.http.pool import IDLE_SECONDS
+import pytest
+import trio
+
+from refmount.fetch.http import pool as pool_module
+from refmount.fetch.http.connection import Connection
+from refmount.fetch.http.pool import IDLE_SECONDS, ConnectionPool
 from tests.conftest import Mounted
 from tests.support.rawserver import RawServer, asked_range, partial
 from tests.support.remote_files import write_refs
@@ -176,3 +181,45 @@ def test_near_the_descriptor_limit_idle_connections_close_first(
     # limit, made the pool close idle ones until a quarter of the limit was free.
     assert near < 20, near
     print(f"idle connections: {filled} filled, {out_of_descriptors} and {near} after")
+
+
+def test_idle_connections_expire_by_a_task_in_the_nursery_the_owner_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In process: no nursery, no background task (an expired connection is closed when
+    taken); given one, the expiry is a task there, ends when nothing is idle, and
+    cancelling that nursery ends it."""
+    monkeypatch.setattr(pool_module, "IDLE_SECONDS", 0.2)
+
+    async def main() -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        pool = ConnectionPool()
+
+        async def idle_one() -> Connection:
+            connection = await pool.take("127.0.0.1", port)
+            pool.give_back("127.0.0.1", port, connection)
+            return connection
+
+        first = await idle_one()
+        await trio.sleep(0.4)
+        assert pool.idle == 1 and not first.closed  # nobody expires it
+        async with trio.open_nursery() as nursery:
+            pool.start(nursery)
+            names = [task.name for task in nursery.child_tasks]
+            assert names == ["http idle reaper"]
+            with trio.fail_after(5):
+                while pool.idle:
+                    await trio.sleep(0.05)
+            assert first.closed
+            await trio.sleep(0.05)
+            assert not nursery.child_tasks  # ended with nothing idle
+            second = await idle_one()
+            assert [task.name for task in nursery.child_tasks] == ["http idle reaper"]
+            nursery.cancel_scope.cancel()
+        assert pool.idle == 1 and not second.closed  # its owner stopped it
+        pool.close()
+        for listener in listeners:
+            await listener.aclose()
+
+    trio.run(main)

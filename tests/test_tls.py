@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
 import socket
 import ssl
 import subprocess
@@ -183,6 +184,38 @@ def test_a_ca_bundle_that_is_no_file_is_refused(no_trust_env: None) -> None:
         split_options({"ca_bundle": "/nonexistent.pem"})
     trust, rest = split_options({"ca_bundle": __file__, "headers": {}})
     assert trust.bundles == (__file__,) and rest == {"headers": {}}
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "no such file"),
+        (b"not a certificate\n", "no PEM certificate in it"),
+        (b"-----BEGIN CERTIFICATE-----\nbm90IGRlcg==\n-----END CERTIFICATE-----\n",
+         "not a CA bundle OpenSSL reads"),
+    ],
+)  # fmt: skip
+def test_a_ca_bundle_that_names_no_ca_bundle_fails_the_start_and_the_check(
+    tmp_path: Path, content: bytes | None, problem: str
+) -> None:
+    """The mount command and ``refmount check`` refuse it before anything is read or
+    mounted, naming the scope, the option and the path; never at the first read."""
+    bundle = tmp_path / "lab-ca.pem"
+    if content is not None:
+        bundle.write_bytes(content)
+    refs = write_refs(tmp_path, "https://127.0.0.1:9/data.bin")
+    options = json.dumps({"https": {"ca_bundle": str(bundle)}})
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    said = f"--remote-options https: ca_bundle '{bundle}': {problem}"
+    for argv in (
+        (str(refs), str(mountpoint), "--remote-options", options),
+        ("check", str(refs), "--remote-options", options),
+    ):
+        done = refmount_cli(*argv)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert said in done.stderr, done.stderr
+        assert not os.path.ismount(mountpoint)
 
 
 # -- hostile TLS servers -----------------------------------------------------------------
@@ -508,3 +541,28 @@ def test_s3_requests_as_sent(anon: bool, raw_server: Callable[[Answer], RawServe
     assert headers["x-amz-security-token"] == "t"
     credential = f"Credential=AKID/{headers['x-amz-date'][:8]}/eu-north-1/s3/aws4_request"
     assert headers["authorization"].startswith(f"AWS4-HMAC-SHA256 {credential}, ")
+
+
+@pytest.mark.parametrize("protocol", ["gs", "az"])
+def test_fsspec_for_gcs_and_azure_says_the_ca_bundle_does_not_reach_it(
+    protocol: str, certificates: Certificates, no_trust_env: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """gcsfs and adlfs take no CA bundle (README, TLS and certificates): where fsspec
+    serves them, the log says the bundle is not trusted for their hosts; where obstore
+    serves them it is (its root certificates), and nothing is said."""
+    from refmount.fetch.obstore_backend import make_backend
+
+    options = {"ca_bundle": str(certificates.ca)}
+    with caplog.at_level("WARNING", logger="refmount.fetch.obstore_backend"):
+        make_backend(protocol, options, "fsspec").close()
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        f"{protocol}: fsspec's filesystem for it takes no CA bundle: {certificates.ca} not "
+        "trusted for its hosts (only the system store, or SSL_CERT_FILE instead of it); "
+        f"obstore trusts them where it serves {protocol}"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="refmount.fetch.obstore_backend"):
+        make_backend(protocol, options, "obstore").close()
+        make_backend("https", options, "fsspec").close()  # aiohttp takes the context
+    assert caplog.records == []

@@ -31,7 +31,9 @@ Block size: 256 KiB
     size is decoupled from it: read-ahead goes out in parts of up to 8 MiB.
 
 Memory and read-ahead
-    One budget covers cached parts and parts in flight (:mod:`refmount.cache.budget`);
+    One budget covers cached parts, parts in flight and the buffers of evicted parts
+    kept for the next fetch to receive into (:mod:`refmount.fetch.buffers`: a sixteenth
+    of the budget, at most ``FREE_BUFFERS``; :mod:`refmount.cache.budget` has the rest);
     read-ahead follows sequential streams per URL (:mod:`refmount.cache.streams`).  When
     a read cannot reserve room (a budget smaller than the read, or filled by fetches in
     flight), it is served by a direct, uncached fetch: correct, never a deadlock.  Beyond
@@ -69,6 +71,7 @@ from refmount.cache.parts import INFLIGHT_COST, Part, State
 from refmount.cache.streams import INITIAL_WINDOW, MAX_WINDOW, Prefetch, StreamTracker
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher
+from refmount.fetch.buffers import BufferPool
 from refmount.nursery import Owned
 from refmount.redaction import redact
 from refmount.refs.model import Checksum
@@ -78,6 +81,8 @@ log = logging.getLogger(__name__)
 BLOCK_SIZE = 256 << 10
 MAX_PART = 8 << 20  # the largest single request
 AHEAD_TTL = 10.0  # seconds before unread read-ahead becomes ordinary cache
+#: The most of the budget kept as free buffers of evicted parts (see the docstring).
+FREE_BUFFERS = 32 << 20
 _ATTEMPTS = 3  # passes over a read before it falls back to a direct fetch
 
 Key = tuple[str, Checksum | None, int]  # url, the checksum it was fetched under, block
@@ -128,7 +133,13 @@ class BlockCache(Owned):
         self.block_size = block_size
         self.max_part = max_part
         self._part_blocks = max_part // block_size
-        self.memory = MemoryBudget(budget, ahead_ttl=ahead_ttl, forget=self._forget)
+        #: The fetcher's pool of receive buffers, given the parts this cache evicts.
+        self.buffers: BufferPool | None = getattr(fetcher, "buffers", None)
+        spare = 0
+        if self.buffers is not None:
+            spare = min(budget // 16, FREE_BUFFERS)
+            self.buffers.limit = spare
+        self.memory = MemoryBudget(budget - spare, ahead_ttl=ahead_ttl, forget=self._forget)
         self.streams = StreamTracker(
             block_size=block_size,
             max_part=max_part,
@@ -224,6 +235,8 @@ class BlockCache(Owned):
             budget=self.budget,
             block_size=self.block_size,
         )
+        if self.buffers is not None:
+            out.update(self.buffers.stats())
         if self.source is not None:
             out.update(self.source.stats())
         return out
@@ -520,8 +533,11 @@ class BlockCache(Owned):
             self.memory.hold(part, trio.current_time() if part.ahead else 0.0)
 
     def _forget(self, part: Part) -> None:
-        """An evicted part leaves the indexes."""
+        """An evicted part leaves the indexes; its buffer goes to the fetcher's pool,
+        which hands it out again only once nobody holds it (a reader may)."""
         self._unindex(part, part.first)
+        if self.buffers is not None:
+            self.buffers.give(part.data)
 
     def _unindex(self, part: Part, first: int) -> None:
         """Forget the part's block keys from block ``first`` on (a whole-reference part:

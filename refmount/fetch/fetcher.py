@@ -30,7 +30,9 @@ import trio
 
 from refmount.errors import FetchError
 from refmount.fetch.backend import MAX_FILE_SIZE, Backend, Version, WrongAnswer
+from refmount.fetch.buffers import BufferPool
 from refmount.fetch.checksums import ChangedObject
+from refmount.fetch.http import HttpBackend
 from refmount.fetch.local import LocalBackend
 from refmount.fetch.obstore_backend import make_backend
 from refmount.fetch.trust import certificate_failure
@@ -117,6 +119,10 @@ class Fetcher:
     #: What makes a remote scope's backend: :func:`make_backend` in this process, or
     #: the same call in the fetch worker processes (``FetchWorkers.backend``).
     make_remote: Callable[..., Backend] = make_backend
+    #: Where backends that receive bodies into buffers of their own take them: the
+    #: block cache gives its evicted parts' buffers back to it (it sets the limit).
+    #: None where no backend of this process receives bodies (fetch worker processes).
+    buffers: BufferPool | None = field(default_factory=BufferPool)
 
     def __post_init__(self) -> None:
         self._local = LocalBackend()
@@ -125,6 +131,7 @@ class Fetcher:
         self._all = trio.CapacityLimiter(self.policy.max_requests)
         self._sizes: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
+        self._nursery: trio.Nursery | None = None
         self.remote_options = {
             key if key == FLAT or "://" not in key or is_prefix(key) else scope_of(key): dict(value)
             for key, value in self.remote_options.items()
@@ -133,6 +140,14 @@ class Fetcher:
         self._prefixes = sorted(filter(is_prefix, self.remote_options), key=len, reverse=True)
 
     # -- public ---------------------------------------------------------------------------
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Run the backends' background work (refmount's HTTP client expires idle
+        connections) in ``nursery``, the backends made so far and those made later;
+        cancelling it stops that work.  A fetcher never started runs none."""
+        self._nursery = nursery
+        for backend in self._backends.values():
+            _start(backend, nursery)
 
     def confine_flat_options(self, urls: Iterable[str] | None) -> None:
         """Bind flat remote options to the one remote host among ``urls`` (the URLs the
@@ -277,6 +292,8 @@ class Fetcher:
             backend = self._backends[scope] = self._new_backend(
                 protocol, self._options_for(protocol, scope)
             )
+            if self._nursery is not None:
+                _start(backend, self._nursery)
         return backend
 
     def _new_backend(self, protocol: str, options: dict[str, Any]) -> Backend:
@@ -288,6 +305,7 @@ class Fetcher:
             self.backend,
             deadline=policy.timeout,
             threads=2 * policy.max_requests,  # abandoned reads hold theirs a while
+            buffers=self.buffers,
         )
 
     def _options_for(self, protocol: str, scope: str) -> dict[str, Any]:
@@ -376,6 +394,11 @@ class Fetcher:
                 self._logged.clear()
             self._logged.add(key)
             log.warning("remote read failed: %s: %s", redact(url), reason)
+
+
+def _start(backend: Backend, nursery: trio.Nursery) -> None:
+    if isinstance(backend, HttpBackend):
+        backend.start(nursery)
 
 
 async def _take(limiter: trio.CapacityLimiter) -> None:

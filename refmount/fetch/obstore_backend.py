@@ -35,6 +35,7 @@ from __future__ import annotations
 import errno
 import importlib.util
 import logging
+import os
 import re
 import time
 from collections.abc import Mapping
@@ -47,6 +48,7 @@ import trio
 from refmount.errors import FetchError
 from refmount.fetch import checksums
 from refmount.fetch.backend import Backend, Version, sized, version_of
+from refmount.fetch.buffers import BufferPool
 from refmount.fetch.fsspec_backend import FsspecBackend, on_fsspec_loop
 from refmount.fetch.http import HttpBackend
 from refmount.fetch.http.s3 import s3_client
@@ -61,7 +63,13 @@ from refmount.fetch.obstore_options import (
     Untranslatable,
     translate,
 )
-from refmount.fetch.trust import certificate_failure, fsspec_options, split_options
+from refmount.fetch.trust import (
+    TRUSTING_FSSPEC,
+    Trust,
+    certificate_failure,
+    fsspec_options,
+    split_options,
+)
 from refmount.redaction import redact
 from refmount.refs.model import Checksum
 
@@ -98,6 +106,7 @@ def make_backend(
     *,
     deadline: float | None = None,
     threads: int = READ_THREADS,
+    buffers: BufferPool | None = None,
 ) -> Backend:
     """The backend for a remote protocol.
 
@@ -114,12 +123,12 @@ def make_backend(
     trust, options = split_options(options)
     fsspec_backend = FsspecBackend(protocol, fsspec_options(protocol, options, trust))
     if choice == "fsspec" or protocol not in OBSTORE_PROTOCOLS:
-        return fsspec_backend
+        return untrusting(fsspec_backend, trust)
     try:
         config = translate(protocol, options)
     except Untranslatable as exc:
         log.info("%s: byte ranges through fsspec: obstore has no equivalent for %s", protocol, exc)
-        return fsspec_backend
+        return untrusting(fsspec_backend, trust)
     config.client_options["root_certificate"] = trust.pem()
     backend: Backend = fsspec_backend
     if importlib.util.find_spec("obstore") is None:
@@ -131,16 +140,39 @@ def make_backend(
     else:
         timeout = None if deadline is None else deadline + TIMEOUT_MARGIN
         backend = ObstoreBackend(protocol, config, fsspec_backend, timeout, threads)
+    if backend is fsspec_backend:
+        untrusting(fsspec_backend, trust)
     if choice != "auto":
         return backend
     headers = config.client_options["default_headers"]
     if protocol == "http":
-        return HttpBackend(headers, backend)
+        return HttpBackend(headers, backend, buffers=buffers)
     if protocol == "https":
-        return HttpBackend(headers, backend, tls=trust.context())
+        return HttpBackend(headers, backend, tls=trust.context(), buffers=buffers)
     if protocol in S3_PROTOCOLS and (s3 := s3_client(config)) is not None:
         tls = trust.context() if s3.scheme == "https" else None
-        return HttpBackend(headers, backend, tls=tls, s3=s3)
+        return HttpBackend(headers, backend, tls=tls, s3=s3, buffers=buffers)
+    return backend
+
+
+def untrusting(backend: FsspecBackend, trust: Trust) -> FsspecBackend:
+    """``backend``, saying in the log when the CA bundles of ``trust`` cannot reach it.
+
+    fsspec's HTTP and S3 filesystems take a context or a CA file (see
+    :func:`~refmount.fetch.trust.fsspec_options`); gcsfs and adlfs take none: gcsfs
+    makes its aiohttp session from ``session_kwargs``, where only a connector (made on
+    its own event loop, so not from options) could carry an SSL context, and adlfs makes
+    its Azure client from the account URL and credential alone.  Both verify with
+    aiohttp's default context: the system store, or the file ``SSL_CERT_FILE`` names in
+    its place."""
+    left_out = [b for b in trust.bundles if b != os.environ.get("SSL_CERT_FILE")]
+    if left_out and backend.protocol not in TRUSTING_FSSPEC:
+        log.warning(
+            "%s: fsspec's filesystem for it takes no CA bundle: %s not trusted for its "
+            "hosts (only the system store, or SSL_CERT_FILE instead of it); obstore "
+            "trusts them where it serves %s",
+            backend.protocol, ", ".join(left_out), backend.protocol,
+        )  # fmt: skip
     return backend
 
 

@@ -95,6 +95,33 @@ def split_options(options: Mapping[str, Any]) -> tuple[Trust, dict[str, Any]]:
     return Trust(tuple(dict.fromkeys(bundles))), rest
 
 
+def check_bundles(remote_options: Mapping[str, Mapping[str, Any]]) -> None:
+    """ValueError naming the scope, the option and the path of the first ``ca_bundle``
+    that is no file of PEM certificates OpenSSL loads: found when a mount or a check
+    starts, not at the first read of a host."""
+    for scope, options in remote_options.items():
+        named = options.get(OPTION) if isinstance(options, Mapping) else None
+        if named is None:
+            continue
+        where = OPTION if scope == "*" else f"{scope}: {OPTION}"
+        if not isinstance(named, str):
+            raise ValueError(f"{where} {named!r}: not a path")
+        path = Path(named).expanduser()
+        if not path.is_file():
+            problem = "no such file" if not path.exists() else "not a file"
+            raise ValueError(f"{where} {named!r}: {problem}")
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"{where} {named!r}: {exc.strerror}") from None
+        if not _PEM_CERT.search(data):
+            raise ValueError(f"{where} {named!r}: no PEM certificate in it")
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=str(path))
+        except ssl.SSLError as exc:
+            raise ValueError(f"{where} {named!r}: not a CA bundle OpenSSL reads: {exc}") from None
+
+
 def _system_files() -> tuple[list[str], str | None]:
     """The system store as OpenSSL knows it, whatever ``SSL_CERT_FILE`` says (that
     variable replaces OpenSSL's default file; here it is trusted beside it)."""
@@ -179,6 +206,10 @@ def certificate_failure(exc: BaseException, host: str) -> CertificateError | Non
 def openssl_reason(exc: ssl.SSLCertVerificationError) -> str:
     """OpenSSL's words for why a certificate failed (``self-signed certificate``)."""
     return getattr(exc, "verify_message", None) or str(getattr(exc, "reason", None) or exc)
+
+
+#: fsspec's protocols whose filesystems take the trust (an SSL context or a CA file).
+TRUSTING_FSSPEC = frozenset({"http", "https", "s3", "s3a"})
 
 
 def fsspec_options(protocol: str, options: Mapping[str, Any], trust: Trust) -> dict[str, Any]:

@@ -242,6 +242,7 @@ class Daemon:
             if self.disk is not None:
                 await nursery.start(self.disk.run)
             await nursery.start(self.cache.run)
+            self.cache.fetcher.start(nursery)
             if self.netcdf is not None:
                 await nursery.start(self.netcdf.run)
             await nursery.start(self.control.run)
@@ -472,6 +473,7 @@ def _fetcher(config: Config) -> tuple[Fetcher, FetchWorkers | None]:
         return fetcher, None
     workers = FetchWorkers(config.fetch_workers, per_worker=config.max_requests_per_host)
     fetcher.make_remote = workers.backend
+    fetcher.buffers = None  # bodies arrive through the workers' pipes: nothing to give back
     fetcher.stats.workers = workers.stats
     return fetcher, workers
 

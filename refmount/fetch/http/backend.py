@@ -54,6 +54,7 @@ from refmount import header_text
 from refmount.errors import FetchError
 from refmount.fetch import checksums
 from refmount.fetch.backend import Backend, Version, WrongAnswer
+from refmount.fetch.buffers import BufferPool
 from refmount.fetch.http.connection import Connection, ConnectionLost
 from refmount.fetch.http.pool import ConnectionPool
 from refmount.fetch.http.response import Head
@@ -168,8 +169,11 @@ class HttpBackend:
         *,
         tls: ssl.SSLContext | None = None,
         s3: S3Client | None = None,
+        buffers: BufferPool | None = None,
     ) -> None:
         self.headers = _checked_headers(headers)
+        #: where bodies' buffers come from (the block cache's evicted parts')
+        self.buffers = buffers if buffers is not None else BufferPool()
         self.fallback = fallback
         self.s3 = s3
         self.scheme = s3.scheme if s3 is not None else "https" if tls is not None else "http"
@@ -211,7 +215,7 @@ class HttpBackend:
                 self._remember_redirect(url, head)
                 connection.close()
                 return await self.fallback.read(url, start, end, checksum)
-            data = await _body(url, connection, head, start, end, checksum)
+            data = await _body(url, connection, head, start, end, checksum, self.buffers)
         except BaseException:
             connection.close()
             raise
@@ -220,6 +224,10 @@ class HttpBackend:
         else:
             connection.close()
         return data
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Run the connection pool's expiry in ``nursery`` (see :mod:`.pool`)."""
+        self.pool.start(nursery)
 
     def _locate(self, url: str) -> _Target | None:
         if self.s3 is None:
@@ -250,9 +258,16 @@ class HttpBackend:
 
 
 async def _body(
-    url: str, connection: Connection, head: Head, start: int, end: int, checksum: Checksum | None
+    url: str,
+    connection: Connection,
+    head: Head,
+    start: int,
+    end: int,
+    checksum: Checksum | None,
+    buffers: BufferPool,
 ) -> bytearray:
-    """The answer's body if it is the asked range (see the module's docstring)."""
+    """The answer's body if it is the asked range (see the module's docstring), in a
+    buffer from ``buffers`` that it fills to the last byte (or raises)."""
     status = head.status
     if status == 412 and checksum is not None:
         raise checksums.ChangedObject(url, "HTTP 412: precondition failed")
@@ -272,8 +287,9 @@ async def _body(
     else:
         size = _range_length(head, start, end, length)
     checksums.verify(url, checksum, etag=head.get("etag"), modified=_modified(head))
-    data = bytearray(size)
-    await connection.read_body(memoryview(data))
+    data = buffers.take(size)
+    with memoryview(data) as into:
+        await connection.read_body(into)
     if status == 200 and size < length:
         connection.close()  # the rest of the object is not read
     return data

@@ -12,8 +12,11 @@ process's descriptor limit (``RLIMIT_NOFILE``), so that idle sockets never take 
 descriptors a read needs; when a new connection's descriptor shows the process near its
 limit, idle ones are closed until a quarter of the limit is free again.  An idle
 connection expires ``IDLE_SECONDS`` after it was given back, whether or not its host is
-asked again: a trio task owned by the pool closes it (a system task, running only while
-there are idle connections, cancelled with the pool or the run).
+asked again: a trio task of the pool's closes it, in the nursery the pool's owner gives
+it (:meth:`ConnectionPool.start`: the daemon's main nursery through ``Fetcher.start``,
+a fetch worker's own), running only while there are idle connections and cancelled
+with that nursery.  A pool given no nursery (tools, tests) starts no task: an expired
+connection is closed when its host is asked again, or with the pool.
 """
 
 from __future__ import annotations
@@ -59,11 +62,17 @@ class ConnectionPool:
         #: every idle connection, least recently given back first
         self._lru: OrderedDict[Connection, Host] = OrderedDict()
         self._reaper: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
         self.opened = 0
 
     @property
     def idle(self) -> int:
         return len(self._lru)
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Expire idle connections from now on by a task in ``nursery``."""
+        self._nursery = nursery
+        self._start_reaper()
 
     async def take(self, host: str, port: int) -> Connection:
         key = (host, port)
@@ -140,10 +149,16 @@ class ConnectionPool:
     # -- expiry ---------------------------------------------------------------------------
 
     def _start_reaper(self) -> None:
-        """Start the task that closes expired idle connections, unless it runs."""
-        if self._reaper is None:
-            self._reaper = trio.CancelScope()
-            trio.lowlevel.spawn_system_task(self._reap, self._reaper, name="http idle reaper")
+        """Start the task that closes expired idle connections, unless it runs (or there
+        is no nursery, or nothing idle)."""
+        if self._reaper is None and self._nursery is not None and self._lru:
+            scope = trio.CancelScope()
+            try:
+                self._nursery.start_soon(self._reap, scope, name="http idle reaper")
+            except RuntimeError:  # the nursery has closed: its owner is stopping
+                self._nursery = None
+                return
+            self._reaper = scope
 
     async def _reap(self, scope: trio.CancelScope) -> None:
         """Close each idle connection when its time is up; end when none is idle."""

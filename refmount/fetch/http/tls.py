@@ -66,17 +66,39 @@ class TlsStream:
             view = view[sent:]
 
     async def recv_into(self, into: memoryview) -> int:
-        """Up to ``len(into)`` bytes (one TLS record at most) into ``into``; 0 when the
-        server has closed the connection."""
+        """Up to ``len(into)`` bytes into ``into``: every TLS record that can be read
+        without waiting, or, when none can, the first one to come; 0 when the server has
+        closed the connection.
+
+        ``SSL_read`` returns at most one record (16 KiB) per call: a 256 KiB body is 16
+        or more of them, and the loop here keeps those calls in one Python frame instead
+        of one awaited call of the HTTP layer's each."""
         if self._unyielded >= _YIELD_EVERY:
             self._unyielded = 0
             await trio.lowlevel.checkpoint()
-        try:
-            n = await self._retry(self._tls.recv_into, into)
-        except ssl.SSLZeroReturnError:
-            return 0  # close_notify: the server is done
-        self._unyielded += n
-        return n
+        tls, size, got = self._tls, len(into), 0
+        while got < size:
+            try:
+                n = tls.recv_into(into[got:] if got else into)
+            except ssl.SSLWantReadError:
+                if got:
+                    break  # what came so far; the caller asks again for the rest
+                await trio.lowlevel.wait_readable(tls)
+                self._unyielded = 0
+                continue
+            except ssl.SSLWantWriteError:  # a renegotiation or key update mid-read
+                if got:
+                    break
+                await trio.lowlevel.wait_writable(tls)
+                self._unyielded = 0
+                continue
+            except ssl.SSLZeroReturnError:
+                break  # close_notify: the server is done (0 if nothing came before it)
+            if n == 0:
+                break  # closed without close_notify
+            got += n
+        self._unyielded += got
+        return got
 
     async def _retry(self, call: Callable[..., int], *args: Any) -> int:
         """``call(*args)``, waiting for the socket whenever OpenSSL asks to."""

@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 from refmount.fetch.backend import Backend
+from refmount.fetch.http import HttpBackend
 from refmount.fetch.obstore_backend import make_backend
 from refmount.workers.fetching.protocol import (
     CANCEL,
@@ -55,11 +56,14 @@ class _Server:
         self.backends: dict[int, Backend] = {}
         self.running: dict[int, trio.CancelScope] = {}
 
-    def configure(self, scope: int, settings: tuple[Any, ...]) -> None:
+    def configure(self, scope: int, settings: tuple[Any, ...], nursery: trio.Nursery) -> None:
+        """Make one scope's backend; its background work (idle connections' expiry)
+        runs in ``nursery``."""
         protocol, options, choice, deadline, threads = settings
-        self.backends[scope] = make_backend(
-            protocol, options, choice, deadline=deadline, threads=threads
-        )
+        backend = make_backend(protocol, options, choice, deadline=deadline, threads=threads)
+        if isinstance(backend, HttpBackend):
+            backend.start(nursery)
+        self.backends[scope] = backend
 
     async def answer(self, kind: int, ident: int, args: tuple[Any, ...]) -> None:
         """Run one request and write its reply."""
@@ -166,7 +170,7 @@ async def serve(requests_fd: int, replies_fd: int) -> None:
                 continue
             args = pickle.loads(body)
             if kind == SCOPE:
-                server.configure(ident, args)
+                server.configure(ident, args, nursery)
             else:
                 nursery.start_soon(server.answer, kind, ident, args)
         nursery.cancel_scope.cancel()

@@ -208,9 +208,11 @@ class FetchWorkers:
         *,
         deadline: float | None = None,
         threads: int,
+        buffers: object = None,
     ) -> ProcessBackend:
         """A backend for one scope, made in the workers by ``make_backend`` with these
-        arguments (the same signature)."""
+        arguments (the same signature; ``buffers`` stays here: a worker's bodies arrive
+        through its pipe into buffers of the reply's own)."""
         scope = len(self._scopes) + 1
         self._scopes[scope] = (protocol, dict(options), choice, deadline, threads)
         return ProcessBackend(self, scope)

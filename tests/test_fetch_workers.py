@@ -186,11 +186,15 @@ def test_a_transient_failure_is_retried_to_the_right_bytes(http: RangeServer) ->
 
 def test_a_stalled_store_is_an_error_after_each_attempts_deadline(http: RangeServer) -> None:
     """Counted, not timed: one request per attempt; the cancelled requests are given up
-    by the workers, and the next read is served."""
+    by the workers, and the next read is served.  The workers are started before the
+    first read, so that a busy machine's slow start is not spent from its deadline."""
     remote = put(http, "fw-stall.bin", 10_000)
     http.fault(remote.path, "stall", count=2)
 
     async def test(fetcher: Fetcher, pool: FetchWorkers) -> None:
+        with trio.fail_after(60):
+            while len(pool.pids()) < 2:
+                await trio.sleep(0.01)
         with pytest.raises(FetchError) as failed:
             await fetcher.fetch(remote.url, 0, 1000)
         assert failed.value.errno == errno.EIO
@@ -203,7 +207,7 @@ def test_a_stalled_store_is_an_error_after_each_attempts_deadline(http: RangeSer
         assert pool.stats()["fetch_worker_requests"] == 0
         assert pool.stats()["fetch_worker_deaths"] == 0
 
-    with_workers(test, timeout=2.0, retries=1)
+    with_workers(test, timeout=3.0, retries=1)
     assert http.stats()["requests"] == 3
 
 

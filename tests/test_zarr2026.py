@@ -25,7 +25,13 @@ from zarr.codecs import ZstdCodec
 from tests.support import reader_runs
 from tests.support.reader_datasets import write_datasets
 from tests.support.reader_runs import EQUAL
-from tests.support.v3_2026 import LEFT_OUT, codec_store, open_authorized, relative_repository
+from tests.support.v3_2026 import (
+    LEFT_OUT,
+    codec_store,
+    open_authorized,
+    relative_repository,
+    unknown_grid_repository,
+)
 from tests.support.v3_sets import icechunk_refs, store_refs, write_refs
 
 RECTILINEAR = {"array.rectilinear_chunks": True}
@@ -96,6 +102,28 @@ def test_a_chunk_that_cannot_be_served_is_eio_at_read_never_absent(relative, mou
         assert outcome.kind == "refused", (reader.__name__, outcome)
     outcome = reader_runs.ncdump(decoded.mountpoint, "unnamed", expected, -1)
     assert outcome.kind == "refused", outcome
+
+
+def test_a_grid_refmount_cannot_read_serves_the_manifests_keys(tmp_path: Path, mount) -> None:
+    """A chunk grid neither regular nor rectilinear (a name icechunk 2.3 does not write):
+    the raw view serves every key the manifest holds, exact bytes (the reader knows its
+    grid; zarr 3 refuses the name rather than reading fill values); ``--decode`` leaves
+    the array out and names it."""
+    stored = unknown_grid_repository(tmp_path / "repo")
+    m = mount(tmp_path / "repo")
+    odd = m.mountpoint / "odd"
+    assert sorted(os.listdir(odd / "c")) == ["0", "1", "2"]
+    for i in range(3):
+        chunk = odd / "c" / str(i) / "0"
+        assert os.listdir(chunk.parent) == ["0"]
+        assert chunk.stat().st_size == 96
+        assert chunk.read_bytes() == stored[4 * i : 4 * i + 4].tobytes(), i
+    assert json.loads((odd / "zarr.json").read_bytes())["chunk_grid"]["name"] == "Regular"
+    with pytest.raises(ValueError, match="chunk grid"):
+        zarr3_raw(m.mountpoint, "odd")
+    decoded = mount(tmp_path / "repo", "--decode")
+    assert "odd" not in os.listdir(decoded.mountpoint)
+    assert "'Regular'" in decoded.log()
 
 
 # -- the decoded view -----------------------------------------------------------------------

@@ -20,8 +20,9 @@ Systems, each read in a fresh process from a fresh mount (cold):
   one      ``--decode``, one inner chunk only: bytes fetched against the inner chunk
            plus its shard's index (issue 29's target: at most 2x)
 
-Each row: seconds (best of ``--repeat``), the requests and bytes the daemon fetched
-(its ``user.refmount.stats``), and the load average beside it.
+Each row: seconds (best of ``--repeat``), the requests and bytes the daemon fetched and
+the decoding jobs its workers ran (its ``user.refmount.stats``), and the load average
+beside it.
 """
 
 from __future__ import annotations
@@ -93,9 +94,9 @@ def refs_of(store: Path, base: str) -> dict:
     return {"version": 1, "refs": refs}
 
 
-def stats(mnt: Path) -> tuple[int, int]:
+def stats(mnt: Path) -> tuple[int, int, int]:
     found = json.loads(os.getxattr(mnt, "user.refmount.stats"))
-    return found["requests"], found["bytes_fetched"]
+    return found["requests"], found["bytes_fetched"], found.get("worker_jobs", 0)
 
 
 def load() -> str:
@@ -104,9 +105,10 @@ def load() -> str:
 
 def measure(
     refs: Path, work: Path, args: list[str], read: list[str], warm: bool
-) -> tuple[float, str, int, int]:
+) -> tuple[float, str, int, int, int]:
     """One cold read in a fresh process from a fresh mount: seconds, checksum, requests
-    and bytes the daemon fetched (``warm``: after one chunk of another array)."""
+    and bytes the daemon fetched, decoding jobs (``warm``: after one chunk of another
+    array)."""
     mnt = work / "mnt"
     mnt.mkdir(exist_ok=True)
     mounted = Mounted(refs, mnt, [*args, "--xattrs"], work / "refmount.log")
@@ -149,14 +151,14 @@ def main() -> None:
                 "decoded (zarr, v2), workers started": (["--decode"], ["zarr", "2"], True),
                 "decoded, one inner chunk (cat)": (["--decode"], ["cat", "field/3.5"], True),
             }
-            print("| system | seconds | requests | MB fetched | sum equal | load |")
-            print("|---|---|---|---|---|---|")
+            print("| system | seconds | requests | MB fetched | decode jobs | sum equal | load |")
+            print("|---|---|---|---|---|---|---|")
             for name, (mount_args, read, warm) in systems.items():
                 runs = [measure(refs, work, mount_args, read, warm) for _ in range(args.repeat)]
-                seconds, got, requests, fetched = min(runs)
+                seconds, got, requests, fetched, jobs = min(runs)
                 same = "-" if got == "-" else str(abs(float(got) - float(total)) < 1e-3)
-                print(f"| {name} | {seconds:.2f} | {requests} | {fetched / 1e6:.3f} | {same} "
-                      f"| {load()} |")  # fmt: skip
+                print(f"| {name} | {seconds:.2f} | {requests} | {fetched / 1e6:.3f} | {jobs} "
+                      f"| {same} | {load()} |")  # fmt: skip
         shard = (www / "store.zarr/field/c/0/0").read_bytes()
         index = 64 * 16 + 4
         entries = np.frombuffer(shard[-index:-4], "<u8").reshape(64, 2)

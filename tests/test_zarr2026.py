@@ -22,6 +22,7 @@ import pytest
 import zarr
 from zarr.codecs import ZstdCodec
 
+from refmount.decode.v3.shards import GROUP
 from tests.support import reader_runs
 from tests.support.reader_datasets import write_datasets
 from tests.support.reader_runs import EQUAL
@@ -232,10 +233,47 @@ def test_one_inner_chunk_fetches_its_index_and_its_range_only(
     fetched = sum(end - start for path, start, end in http.stats()["ranges"] if "c/0/0" in path)
     inner = int(offsets[2 * 8 + 3][1])
     assert 0 < fetched <= 2 * (inner + index_size), (fetched, inner, len(shard))
-    http.reset_stats()  # a reader going through the shard: its runs of 16, no index again
+    http.reset_stats()  # a reader going through the shard: its run, no index again
     for i, j in ((2, 4), (2, 5), (3, 4), (3, 5)):
         got = (m.mountpoint / f"{i}.{j}").read_bytes()
         assert got == values[8 * i : 8 * i + 8, 8 * j : 8 * j + 8].tobytes(), (i, j)
     ranges = [(start, end) for path, start, end in http.stats()["ranges"] if "c/0/0" in path]
     assert (len(shard) - index_size, len(shard)) not in ranges
     assert len(ranges) == 1, ranges  # Morton order: the four are neighbours in one run
+
+
+def test_a_run_decoded_together_fails_for_its_broken_inner_chunk_only(
+    mount, tmp_path: Path
+) -> None:
+    """A reader going through a shard gets its inner chunks decoded together, a few jobs
+    for 64 chunks; one inner chunk whose bytes are not zstd is EIO for its reads only,
+    every other inner chunk of its run exact, and the mount serves on."""
+    values = np.random.default_rng(7).normal(size=(64, 64))
+    store = tmp_path / "broken.zarr"
+    zarr.create_array(
+        store, shape=values.shape, dtype="f8", chunks=(8, 8), shards=(64, 64),
+        compressors=[ZstdCodec(level=1)],
+    )[...] = values  # fmt: skip
+    shard = bytearray((store / "c/0/0").read_bytes())
+    offsets = np.frombuffer(bytes(shard[-(64 * 16 + 4) : -4]), "<u8").reshape(64, 2)
+    broken = 4 * 8 + 5  # inner chunk (4, 5): the middle of the shard's bytes
+    shard[int(offsets[broken][0]) : int(offsets[broken][0]) + 4] = b"\0\0\0\0"  # no frame
+    (store / "c/0/0").write_bytes(bytes(shard))
+    m = mount(write_refs(store_refs(store), tmp_path / "refs.json"), "--decode", "--xattrs")
+    for i in range(8):
+        for j in range(8):
+            path = m.mountpoint / f"{i}.{j}"
+            if (i, j) == (4, 5):
+                for _ in range(2):  # decoded alone too: EIO again
+                    with pytest.raises(OSError) as failed:
+                        path.read_bytes()
+                    assert failed.value.errno == errno.EIO
+                continue
+            assert path.read_bytes() == values[8 * i : 8 * i + 8, 8 * j : 8 * j + 8].tobytes()
+    stats = json.loads(os.getxattr(m.mountpoint, "user.refmount.stats"))
+    # the first alone, the run's other 63 in jobs of GROUP, the failed job's alone, the
+    # broken one's second read: not one job per inner chunk
+    assert stats["worker_jobs"] <= 1 + 64 // GROUP + GROUP + 1 < 64, stats
+    assert stats["decoded_chunks"] == 63 and stats["requests"] <= 4, stats
+    assert "do not decode together" in m.log()
+    assert m.process.poll() is None

@@ -32,8 +32,12 @@ from refmount.decode.codecs import Buffer, DecodeError
 _MISSING = (1 << 64) - 1
 #: Inner chunks fetched as one request once a shard is being read: how many, and their
 #: most bytes.
-RUN = 16
+RUN = 64
 RUN_BYTES = 8 << 20
+#: A run's inner chunks are decoded in jobs of this many (the workers run them side by
+#: side), of at most ``BATCH_BYTES`` decoded bytes.
+GROUP = 16
+BATCH_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,17 @@ def shard_layout(
 
 
 @dataclass(frozen=True)
+class Run:
+    """Inner chunks lying back to back in a shard: their bytes ``[start, end)``, and per
+    inner chunk (in the order of its bytes) its position, and its offset in the run's
+    bytes and length."""
+
+    start: int
+    end: int
+    spans: tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True)
 class ShardDecoder:
     """Inner chunk ``position`` of a whole shard, decoded by ``inner`` (a
     :class:`refmount.decode.codecs.ChunkDecoding`)."""
@@ -162,11 +177,11 @@ class ShardDecoder:
             raise DecodeError(f"an inner chunk of {length} bytes, over {self.inner.max_raw_size}")
         return int(offset), int(length)
 
-    def run(self, index: Buffer, shard_size: int) -> tuple[int, int] | None:
-        """The byte span of this inner chunk's run: the shard's written inner chunks in
-        the order of their bytes (zarr writes them in Morton order: neighbours), cut in
-        runs of :data:`RUN`; ``None`` unless the run's chunks lie back to back within
-        :data:`RUN_BYTES`.  One request for a reader going through the shard."""
+    def run(self, index: Buffer, shard_size: int) -> Run | None:
+        """This inner chunk's run: the shard's written inner chunks in the order of their
+        bytes (zarr writes them in Morton order: neighbours), cut in runs of :data:`RUN`;
+        ``None`` unless the run's chunks lie back to back within :data:`RUN_BYTES`.  One
+        request, and one decoding job, for a reader going through the shard."""
         rows = np.frombuffer(memoryview(index).cast("B")[: self.layout.count * 16], "<u8")
         rows = rows.reshape(-1, 2)
         written = np.flatnonzero((rows[:, 0] != _MISSING) | (rows[:, 1] != _MISSING))
@@ -175,12 +190,24 @@ class ShardDecoder:
         if not len(at):
             return None
         first = int(at[0]) - int(at[0]) % RUN
-        members = rows[ordered[first : first + RUN]]
+        positions = ordered[first : first + RUN]
+        members = rows[positions]
         start, end = int(members[0, 0]), int(members[-1, 0] + members[-1, 1])
         back_to_back = end - start == int(members[:, 1].sum())
         if not back_to_back or end - start > RUN_BYTES or end > shard_size:
             return None
-        return start, end
+        if int(members[:, 1].max()) > self.inner.max_raw_size:
+            return None  # the one too long is refused by its own read
+        spans = tuple(
+            (int(p), int(o) - start, int(n))
+            for p, (o, n) in zip(positions.tolist(), members.tolist(), strict=True)
+        )
+        return Run(start, end, spans)
+
+    def at(self, position: int) -> ShardDecoder:
+        """The decoder of inner chunk ``position`` of the same shards."""
+        key = _key(self.inner, self.layout, position)
+        return ShardDecoder(key, self.inner, self.layout, position, self.fill)
 
     def inner_bytes(self, raw: Buffer) -> memoryview | None:
         """The inner chunk's encoded bytes in the whole shard ``raw``, its index checked;
@@ -212,6 +239,9 @@ def shard_decoder(
         fill: bytes | None = np.full(inner.chunks, value, dtype=little).tobytes()
     except (ValueError, TypeError, OverflowError):
         fill = None
-    identity = f"{inner.key}/{layout}/{position}"
-    key = hashlib.sha256(identity.encode()).hexdigest()[:32]
-    return ShardDecoder(key, inner, layout, position, fill)
+    return ShardDecoder(_key(inner, layout, position), inner, layout, position, fill)
+
+
+def _key(inner: ChunkDecoder, layout: ShardLayout, position: int) -> str:
+    """The decoded chunk's key: the inner decoder's, its layout and place."""
+    return hashlib.sha256(f"{inner.key}/{layout}/{position}".encode()).hexdigest()[:32]

@@ -13,10 +13,11 @@ Systems, each read in a fresh process from a fresh mount (cold):
   raw      ``refmount REFS MNT``: zarr 3 opens the v3 array and reads it whole (zarr
            fetches each shard's index, then its inner chunks, through the mount)
   decoded  ``refmount --decode REFS MNT``: zarr reads the v2 array the view presents,
-           one file per inner chunk (refmount reads each shard's index once, then each
-           inner chunk's bytes, in runs of 16 once a shard is being read); from a fresh
-           daemon (its decode workers start on the first chunk), and after one chunk of
-           another small array (``warm``) read first, untimed, so the workers run
+           one file per inner chunk (refmount reads each shard's index once, then, once
+           a shard is being read, its inner chunks' bytes in runs of up to 64, decoded
+           in jobs of 16); from a fresh daemon (its decode workers start at mount, maybe
+           not yet ready), and after one chunk of another small array (``warm``) read
+           first, untimed, so the workers run
   one      ``--decode``, one inner chunk only: bytes fetched against the inner chunk
            plus its shard's index (issue 29's target: at most 2x)
 

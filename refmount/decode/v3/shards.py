@@ -12,8 +12,10 @@ range, kept by the block cache under the memory budget like any other bytes, so 
 shard's index is fetched once for all its inner chunks), :class:`ShardDecoder` checks it
 and locates the inner chunk, and only that chunk's byte range is fetched and decoded
 with the inner pipeline's decoder.  A reader going through a shard (a second inner chunk
-of it read) gets each inner chunk's run of :data:`RUN` neighbours in the shard's bytes in
-one request, when they lie back to back.  A shard held inline is read whole.
+of it read) gets each inner chunk's :class:`Run` of up to :data:`RUN` neighbours in the
+shard's bytes (the whole shard of 64) in one request, when they lie back to back, and
+they are decoded together: jobs of :data:`GROUP` inner chunks (``decode-run``), not one
+per inner chunk.  A shard held inline is read whole.
 An inner chunk not written reads as the fill value.  A shard is never served as a chunk.
 """
 

@@ -277,3 +277,26 @@ def test_a_run_decoded_together_fails_for_its_broken_inner_chunk_only(
     assert stats["decoded_chunks"] == 63 and stats["requests"] <= 4, stats
     assert "do not decode together" in m.log()
     assert m.process.poll() is None
+
+
+def test_a_run_decoded_together_stays_within_the_memory_budget(mount, tmp_path: Path) -> None:
+    """With a 1 MiB cache, a shard's run (about 0.5 MB stored, 0.5 MiB decoded) does not
+    fit whole with its decoded chunks (the read-ahead share is half the budget): what has
+    no room is decoded when read, with the run's chunks still without, every inner chunk
+    exact, and the cache never holds more than its budget."""
+    values = np.random.default_rng(11).normal(size=(256, 256))
+    store = tmp_path / "tight.zarr"
+    zarr.create_array(
+        store, shape=values.shape, dtype="f8", chunks=(32, 32), shards=(256, 256),
+        compressors=[ZstdCodec(level=1)],
+    )[...] = values  # fmt: skip
+    refs = write_refs(store_refs(store), tmp_path / "refs.json")
+    m = mount(refs, "--decode", "--xattrs", "--cache-size", "1M")
+    for i in range(8):
+        for j in range(8):
+            got = (m.mountpoint / f"{i}.{j}").read_bytes()
+            assert got == values[32 * i : 32 * i + 32, 32 * j : 32 * j + 32].tobytes(), (i, j)
+    stats = json.loads(os.getxattr(m.mountpoint, "user.refmount.stats"))
+    assert stats["budget"] == 1 << 20 and 0 < stats["peak_bytes"] <= stats["budget"], stats
+    assert stats["decoded_chunks"] == 64 and stats["decode_errors"] == 0, stats
+    assert stats["worker_jobs"] < 16, stats  # in runs, each as room allows: not one by one

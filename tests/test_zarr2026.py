@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import re
+import time
 import warnings
 from pathlib import Path
 
@@ -277,6 +278,40 @@ def test_a_run_decoded_together_fails_for_its_broken_inner_chunk_only(
     assert stats["decoded_chunks"] == 63 and stats["requests"] <= 4, stats
     assert "do not decode together" in m.log()
     assert m.process.poll() is None
+
+
+def test_a_reader_going_through_a_shard_gets_the_next_shard_read_ahead(
+    mount, tmp_path: Path
+) -> None:
+    """Two shards of 64 inner chunks: once a reader goes through the first (a second
+    inner chunk of it read), the second is fetched and decoded in the background, and
+    reading it then asks the store for nothing more; every inner chunk exact."""
+    values = np.random.default_rng(13).normal(size=(64, 128))
+    store = tmp_path / "two.zarr"
+    zarr.create_array(
+        store, shape=values.shape, dtype="f8", chunks=(8, 8), shards=(64, 64),
+        compressors=[ZstdCodec(level=1)],
+    )[...] = values  # fmt: skip
+    m = mount(write_refs(store_refs(store), tmp_path / "refs.json"), "--decode", "--xattrs")
+
+    def stats() -> dict:
+        return json.loads(os.getxattr(m.mountpoint, "user.refmount.stats"))
+
+    def block(i: int, j: int) -> bytes:
+        return values[8 * i : 8 * i + 8, 8 * j : 8 * j + 8].tobytes()
+
+    for j in (0, 1):
+        assert (m.mountpoint / f"0.{j}").read_bytes() == block(0, j)
+    deadline = time.monotonic() + 60
+    while stats()["decoded_chunks"] < 128:  # the second shard's 64, in the background
+        assert time.monotonic() < deadline, stats()
+        time.sleep(0.05)
+    requests = stats()["requests"]
+    for i in range(8):
+        for j in range(8, 16):
+            assert (m.mountpoint / f"{i}.{j}").read_bytes() == block(i, j), (i, j)
+    assert stats()["requests"] == requests, stats()
+    assert stats()["decoded_chunks"] == 128, stats()
 
 
 def test_a_run_decoded_together_stays_within_the_memory_budget(mount, tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import trio
@@ -173,6 +173,14 @@ class BlockCache:
                 await trio.sleep_forever()
             finally:
                 self._nursery = None
+
+    def spawn(self, task: Callable[..., Awaitable[None]], *args: object) -> bool:
+        """Run ``task(*args)`` in the cache's nursery, if it runs one (False if not): the
+        read-ahead of a layer above, which must catch its own failures."""
+        if self._nursery is None:
+            return False
+        self._nursery.start_soon(task, *args)
+        return True
 
     async def read(self, url: str, start: int, end: int) -> bytes:
         """Exactly bytes ``[start, end)`` of ``url``, or ``FetchError``."""

@@ -89,6 +89,8 @@ class DecodedReads:
         )
         #: Each recently read shard's last inner chunk position (see ``_in_order``).
         self._last_inner: OrderedDict[tuple[str | None, int, Checksum | None], int] = OrderedDict()
+        #: Shards whose next shard was read ahead (a bounded record).
+        self._ahead_from: OrderedDict[tuple[str | None, int, Checksum | None], None] = OrderedDict()
         #: Inner chunks of a run whose job failed, decoded alone since (a bounded record).
         self._alone: OrderedDict[ChunkKey, None] = OrderedDict()
         self._counters = dict.fromkeys(
@@ -148,6 +150,8 @@ class DecodedReads:
             part.check()
             self.blocks.memory.touch(part)
             self._counters["decoded_hits"] += 1
+            if part.prefetched and isinstance(decoder, ShardDecoder):  # a reader came
+                self._ahead_of(url, source, decoder)
             return part
         part = DecodedPart(url, decoder.size)
         self._chunks[key] = part
@@ -156,7 +160,7 @@ class DecodedReads:
             part.reserved = 0
         part.state = State.IN_FLIGHT
         try:
-            data = await self._decode(array, source, decoder)
+            data = await self._decode(array, source, decoder, url)
         except BaseException as exc:
             self.blocks.memory.release(part)
             self._counters["decode_errors"] += 1
@@ -176,10 +180,10 @@ class DecodedReads:
         self._counters["decoded_bytes"] += len(data)
         return part
 
-    async def _decode(self, array: str, source: Ref, decoding: ChunkDecoding) -> Buffer:
+    async def _decode(self, array: str, source: Ref, decoding: ChunkDecoding, url: str) -> Buffer:
         try:
             if isinstance(decoding, ShardDecoder):  # its index here, the inner chunk below
-                return await self._inner_chunk(array, source, decoding)
+                return await self._inner_chunk(array, source, decoding, url)
             return await self._job(decoding, await self._raw(array, source, decoding.max_raw_size))
         except (JobFailed, DecodeError) as exc:
             raise FetchError(f"array {array or '/'!r}: a chunk does not decode: {exc}") from None
@@ -194,11 +198,12 @@ class DecodedReads:
             self._limiter = trio.CapacityLimiter(max(1, os.cpu_count() or 1))
         return await trio.to_thread.run_sync(decoding.decode, raw, limiter=self._limiter)
 
-    async def _inner_chunk(self, array: str, source: Ref, shard: ShardDecoder) -> Buffer:
-        """An inner chunk decoded: the shard's index, then the chunk's range only (each
-        an exact reference of the block cache, the index kept there for the shard's other
-        inner chunks); for a reader going through the shard, its run's range, decoded
-        with the run's other inner chunks (:meth:`_run`).  An inner chunk not written is
+    async def _inner_chunk(self, array: str, source: Ref, shard: ShardDecoder, url: str) -> Buffer:
+        """An inner chunk (of the decoded file ``url``) decoded: the shard's index, then
+        the chunk's range only (each an exact reference of the block cache, the index kept
+        there for the shard's other inner chunks); for a reader going through the shard,
+        its run's range, decoded with the run's other inner chunks (:meth:`_run`), and
+        the next shard read ahead (:meth:`_read_ahead`).  An inner chunk not written is
         the fill value."""
         if source.data is not None:
             inner = shard.inner_bytes(await self._raw(array, source, shard.max_raw_size))
@@ -216,9 +221,46 @@ class DecodedReads:
         run = shard.run(index, size) if self._in_order(source, shard.position) else None
         if run is None:
             return await self._job(shard.inner, await self._range(source, offset, offset + length))
-        return await self._run(source, shard, run)
+        self._ahead_of(url, source, shard)
+        found = await self._run(source, shard, run)
+        assert found is not None
+        return found
 
-    async def _run(self, source: Ref, shard: ShardDecoder, run: Run) -> Buffer:
+    def _ahead_of(self, url: str, source: Ref, shard: ShardDecoder) -> None:
+        """Read the shard after ``source`` ahead, once: a reader goes through ``source``
+        (a second inner chunk of it read, or one read ahead)."""
+        identity = (source.url, source.offset, source.checksum)
+        if identity not in self._ahead_from:
+            self._ahead_from[identity] = None
+            if len(self._ahead_from) > RECENT_SHARDS:
+                self._ahead_from.popitem(last=False)
+            self.blocks.spawn(self._read_ahead, url, shard)
+
+    async def _read_ahead(self, url: str, shard: ShardDecoder) -> None:
+        """The first run of the shard after the one the decoded file ``url`` lies in
+        (a reader going through a sharded array goes there next), its inner chunks
+        decoded as read-ahead in the background; its failures are left to the reads."""
+        serial, _, file_id = url[len(SCHEME) :].partition("/")
+        view = self._views.get(int(serial))
+        try:
+            source = None if view is None else await view.next_shard(int(file_id))
+            if source is None or source.url is None:
+                return
+            size = source.length
+            if size is None:
+                size = await self.blocks.fetcher.size(source.url)
+            start, end = shard.index_range(size)
+            run = shard.first_run(await self._range(source, start, end), size)
+            if run is not None:
+                await self._run(source, shard.at(run.spans[0][0]), run, reader=False)
+        except (FetchError, DecodeError, JobFailed) as exc:
+            log.debug("reading ahead of %s: %s", url, exc)
+        except Exception as exc:  # in the cache's nursery: never the daemon's end
+            log.warning("reading ahead of %s failed: %r", url, exc)
+
+    async def _run(
+        self, source: Ref, shard: ShardDecoder, run: Run, *, reader: bool = True
+    ) -> Buffer | None:
         """Inner chunk ``shard.position`` decoded from ``run``'s bytes, fetched once,
         with the run's other inner chunks not yet decoded or being decoded: each is a
         decoded chunk in flight at once (its readers wait for it), decoded in jobs of
@@ -226,18 +268,19 @@ class DecodedReads:
         read-ahead (under the budget's read-ahead share: those without room are left to
         their own reads).  A job that fails leaves its inner chunks to be decoded alone
         (and remembered, so they are not batched again), so a failure is its own
-        chunk's only."""
+        chunk's only.  Without a ``reader``, every inner chunk of the run is read-ahead,
+        and nothing is returned."""
         job, size = shard.inner.job, shard.size
         mine = next(span for span in run.spans if span[0] == shard.position)
         own = (shard.key, source)
-        members: list[tuple[ChunkKey, DecodedPart | None]] = [(own, None)]
-        spans = [[mine[1], mine[2]]]
+        members: list[tuple[ChunkKey, DecodedPart | None]] = [(own, None)] if reader else []
+        spans = [[mine[1], mine[2]]] if reader else []
         batched = job is not None and job[0] == "decode" and GROUP * size <= BATCH_BYTES
         if batched and own not in self._alone:
             now = trio.current_time()
             for position, offset, length in run.spans:
                 key = (shard.at(position).key, source)
-                if key == own or key in self._chunks or key in self._alone:
+                if (reader and key == own) or key in self._chunks or key in self._alone:
                     continue
                 part = DecodedPart(f"{SCHEME}run", size, ahead=True)
                 if not self.blocks.memory.reserve(part.reserved, ahead=True, now=now):
@@ -246,11 +289,14 @@ class DecodedReads:
                 self._chunks[key] = part
                 spans.append([offset, length])
                 members.append((key, part))
+        others = [(key, part) for key, part in members if part is not None]
         try:
+            if reader and not others:
+                raw = await self._range(source, run.start, run.end)
+                return await self._job(shard.inner, memoryview(raw)[mine[1] : mine[1] + mine[2]])
+            if not others:
+                return None
             raw = await self._range(source, run.start, run.end)
-            alone = memoryview(raw)[mine[1] : mine[1] + mine[2]]
-            if len(members) == 1:
-                return await self._job(shard.inner, alone)
             assert job is not None
             found: list[Buffer] = []
             async with trio.open_nursery() as nursery:
@@ -259,10 +305,13 @@ class DecodedReads:
                     nursery.start_soon(
                         self._group, job[1], raw, size, spans[group], members[group], found
                     )
-            return found[0] if found else await self._job(shard.inner, alone)
+            if not reader:
+                return None
+            if found:
+                return found[0]
+            return await self._job(shard.inner, memoryview(raw)[mine[1] : mine[1] + mine[2]])
         finally:
-            for key, part in members[1:]:
-                assert part is not None
+            for key, part in others:
                 if part.pending:  # not landed: its readers decode it alone
                     self.blocks.memory.release(part)
                     part.retry = True

@@ -65,6 +65,15 @@ class ShardLayout:
         local = tuple(i % n for i, n in zip(inner, self.per_shard, strict=True))
         return shard, int(np.ravel_multi_index(local, self.per_shard)) if local else 0
 
+    def after(self, shard: tuple[int, ...], grid: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The shard after ``shard`` in C order, of an array of ``grid`` inner chunks
+        (``None`` after the last)."""
+        counts = tuple(-(-g // n) for g, n in zip(grid, self.per_shard, strict=True))
+        following = int(np.ravel_multi_index(shard, counts)) + 1 if counts else 1
+        if following >= math.prod(counts):
+            return None
+        return tuple(int(i) for i in np.unravel_index(following, counts))
+
     def inner_chunks(self, shard: tuple[int, ...]) -> list[tuple[int, ...]]:
         """The inner chunks of ``shard``, in index order."""
         starts = [s * n for s, n in zip(shard, self.per_shard, strict=True)]
@@ -205,6 +214,17 @@ class ShardDecoder:
             for p, (o, n) in zip(positions.tolist(), members.tolist(), strict=True)
         )
         return Run(start, end, spans)
+
+    def first_run(self, index: Buffer, shard_size: int) -> Run | None:
+        """The run of the inner chunk whose bytes come first in the shard (``None``: none
+        written, or not back to back)."""
+        rows = np.frombuffer(memoryview(index).cast("B")[: self.layout.count * 16], "<u8")
+        rows = rows.reshape(-1, 2)
+        written = np.flatnonzero((rows[:, 0] != _MISSING) | (rows[:, 1] != _MISSING))
+        if not len(written):
+            return None
+        first = int(written[np.argmin(rows[written, 0])])
+        return self.at(first).run(index, shard_size)
 
     def at(self, position: int) -> ShardDecoder:
         """The decoder of inner chunk ``position`` of the same shards."""

@@ -15,7 +15,8 @@ with the inner pipeline's decoder.  A reader going through a shard (a second inn
 of it read) gets each inner chunk's :class:`Run` of up to :data:`RUN` neighbours in the
 shard's bytes (the whole shard of 64) in one request, when they lie back to back, and
 they are decoded together: jobs of :data:`GROUP` inner chunks (``decode-run``), not one
-per inner chunk.  A shard held inline is read whole.
+per inner chunk; the array's next shard (:meth:`ShardLayout.after`) is then read ahead
+from its :meth:`ShardDecoder.first_run`.  A shard held inline is read whole.
 An inner chunk not written reads as the fill value.  A shard is never served as a chunk.
 """
 
@@ -166,9 +167,8 @@ class ShardDecoder:
             raise DecodeError(f"a shard of {shard_size} bytes is shorter than its index")
         return (shard_size - size, shard_size) if self.layout.end else (0, size)
 
-    def locate(self, index: Buffer, shard_size: int) -> tuple[int, int] | None:
-        """``(offset, length)`` of the inner chunk in a shard of ``shard_size`` bytes,
-        from its index (checked); ``None`` when the shard holds no such chunk."""
+    def entries(self, index: Buffer) -> np.ndarray:
+        """The index's ``(offset, length)`` rows, its size and CRC-32C checked."""
         view = memoryview(index).cast("B")
         entries = view[: self.layout.count * 16]
         if len(view) != self.layout.index_size:
@@ -179,7 +179,12 @@ class ShardDecoder:
             stored = int.from_bytes(view[-4:], "little")
             if google_crc32c.value(bytes(entries)) != stored:
                 raise DecodeError("the shard index's crc32c does not match")
-        offset, length = np.frombuffer(entries, "<u8")[2 * self.position : 2 * self.position + 2]
+        return np.frombuffer(entries, "<u8").reshape(-1, 2)
+
+    def locate(self, index: Buffer, shard_size: int) -> tuple[int, int] | None:
+        """``(offset, length)`` of the inner chunk in a shard of ``shard_size`` bytes,
+        from its index (checked); ``None`` when the shard holds no such chunk."""
+        offset, length = self.entries(index)[self.position]
         if offset == _MISSING and length == _MISSING:
             return None
         if offset + length > shard_size:
@@ -217,9 +222,8 @@ class ShardDecoder:
 
     def first_run(self, index: Buffer, shard_size: int) -> Run | None:
         """The run of the inner chunk whose bytes come first in the shard (``None``: none
-        written, or not back to back)."""
-        rows = np.frombuffer(memoryview(index).cast("B")[: self.layout.count * 16], "<u8")
-        rows = rows.reshape(-1, 2)
+        written, or not back to back), the index checked."""
+        rows = self.entries(index)
         written = np.flatnonzero((rows[:, 0] != _MISSING) | (rows[:, 1] != _MISSING))
         if not len(written):
             return None

@@ -15,9 +15,9 @@ Systems, each read in a fresh process from a fresh mount (cold):
   decoded  ``refmount --decode REFS MNT``: zarr reads the v2 array the view presents,
            one file per inner chunk (refmount reads each shard's index once, then, once
            a shard is being read, its inner chunks' bytes in runs of up to 64, decoded
-           in jobs of 16, and the next shard ahead); from a fresh daemon (its decode workers start at mount, maybe
-           not yet ready), and after one chunk of another small array (``warm``) read
-           first, untimed, so the workers run
+           in jobs of 16, and the next shard ahead); from a fresh daemon (its decode
+           workers start at mount, maybe not yet ready), and after one chunk of another
+           small array (``warm``) read first, untimed, so the workers run
   one      ``--decode``, one inner chunk only: bytes fetched against the inner chunk
            plus its shard's index (issue 29's target: at most 2x)
 

@@ -243,18 +243,27 @@ def test_one_inner_chunk_fetches_its_index_and_its_range_only(
     assert len(ranges) == 1, ranges  # Morton order: the four are neighbours in one run
 
 
+def sharded_store(
+    store: Path, shape: tuple[int, int], seed: int, inner: int = 8, shard: int = 64
+) -> np.ndarray:
+    """A v3 store of random float64 in shards of ``shard``² holding inner chunks of
+    ``inner``² (zstd), written by zarr 3; its values."""
+    values = np.random.default_rng(seed).normal(size=shape)
+    zarr.create_array(
+        store, shape=shape, dtype="f8", chunks=(inner, inner), shards=(shard, shard),
+        compressors=[ZstdCodec(level=1)],
+    )[...] = values  # fmt: skip
+    return values
+
+
 def test_a_run_decoded_together_fails_for_its_broken_inner_chunk_only(
     mount, tmp_path: Path
 ) -> None:
     """A reader going through a shard gets its inner chunks decoded together, a few jobs
     for 64 chunks; one inner chunk whose bytes are not zstd is EIO for its reads only,
     every other inner chunk of its run exact, and the mount serves on."""
-    values = np.random.default_rng(7).normal(size=(64, 64))
     store = tmp_path / "broken.zarr"
-    zarr.create_array(
-        store, shape=values.shape, dtype="f8", chunks=(8, 8), shards=(64, 64),
-        compressors=[ZstdCodec(level=1)],
-    )[...] = values  # fmt: skip
+    values = sharded_store(store, (64, 64), seed=7)
     shard = bytearray((store / "c/0/0").read_bytes())
     offsets = np.frombuffer(bytes(shard[-(64 * 16 + 4) : -4]), "<u8").reshape(64, 2)
     broken = 4 * 8 + 5  # inner chunk (4, 5): the middle of the shard's bytes
@@ -286,12 +295,8 @@ def test_a_reader_going_through_a_shard_gets_the_next_shard_read_ahead(
     """Two shards of 64 inner chunks: once a reader goes through the first (a second
     inner chunk of it read), the second is fetched and decoded in the background, and
     reading it then asks the store for nothing more; every inner chunk exact."""
-    values = np.random.default_rng(13).normal(size=(64, 128))
     store = tmp_path / "two.zarr"
-    zarr.create_array(
-        store, shape=values.shape, dtype="f8", chunks=(8, 8), shards=(64, 64),
-        compressors=[ZstdCodec(level=1)],
-    )[...] = values  # fmt: skip
+    values = sharded_store(store, (64, 128), seed=13)
     m = mount(write_refs(store_refs(store), tmp_path / "refs.json"), "--decode", "--xattrs")
 
     def stats() -> dict:
@@ -319,12 +324,8 @@ def test_a_run_decoded_together_stays_within_the_memory_budget(mount, tmp_path: 
     fit whole with its decoded chunks (the read-ahead share is half the budget): what has
     no room is decoded when read, with the run's chunks still without, every inner chunk
     exact, and the cache never holds more than its budget."""
-    values = np.random.default_rng(11).normal(size=(256, 256))
     store = tmp_path / "tight.zarr"
-    zarr.create_array(
-        store, shape=values.shape, dtype="f8", chunks=(32, 32), shards=(256, 256),
-        compressors=[ZstdCodec(level=1)],
-    )[...] = values  # fmt: skip
+    values = sharded_store(store, (256, 256), seed=11, inner=32, shard=256)
     refs = write_refs(store_refs(store), tmp_path / "refs.json")
     m = mount(refs, "--decode", "--xattrs", "--cache-size", "1M")
     for i in range(8):

@@ -222,9 +222,9 @@ class DecodedReads:
         if run is None:
             return await self._job(shard.inner, await self._range(source, offset, offset + length))
         self._ahead_of(url, source, shard)
-        found = await self._run(source, shard, run)
-        assert found is not None
-        return found
+        decoded = await self._run(source, shard, run)
+        assert decoded is not None  # a reader's run returns its chunk
+        return decoded
 
     def _ahead_of(self, url: str, source: Ref, shard: ShardDecoder) -> None:
         """Read the shard after ``source`` ahead, once: a reader goes through ``source``

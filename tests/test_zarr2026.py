@@ -289,34 +289,43 @@ def test_a_run_decoded_together_fails_for_its_broken_inner_chunk_only(
     assert m.process.poll() is None
 
 
-def test_a_reader_going_through_a_shard_gets_the_next_shard_read_ahead(
+def test_a_reader_going_through_a_shard_gets_the_next_shards_read_ahead(
     mount, tmp_path: Path
 ) -> None:
-    """Two shards of 64 inner chunks: once a reader goes through the first (a second
-    inner chunk of it read), the second is fetched and decoded in the background, and
-    reading it then asks the store for nothing more; every inner chunk exact."""
-    store = tmp_path / "two.zarr"
-    values = sharded_store(store, (64, 128), seed=13)
+    """2 x 2 shards of 64 inner chunks: once a reader goes through shard (0, 0) (a second
+    inner chunk of it read), the next two in C order, (0, 1) and (1, 0) (a row of shards
+    holds two), are fetched and decoded in the background; once it reads them, (1, 1)
+    is; reading a shard read ahead asks the store for nothing more; all exact."""
+    store = tmp_path / "four.zarr"
+    values = sharded_store(store, (128, 128), seed=13)
     m = mount(write_refs(store_refs(store), tmp_path / "refs.json"), "--decode", "--xattrs")
 
     def stats() -> dict:
         return json.loads(os.getxattr(m.mountpoint, "user.refmount.stats"))
 
-    def block(i: int, j: int) -> bytes:
-        return values[8 * i : 8 * i + 8, 8 * j : 8 * j + 8].tobytes()
+    def read_ahead(shards: int) -> int:
+        """The requests made once ``shards`` shards' 64 are decoded (in the background)."""
+        deadline = time.monotonic() + 60
+        while stats()["decoded_chunks"] < 64 * shards:
+            assert time.monotonic() < deadline, stats()
+            time.sleep(0.05)
+        return stats()["requests"]
+
+    def read(shard_i: int, shard_j: int) -> None:
+        for i in range(8 * shard_i, 8 * shard_i + 8):
+            for j in range(8 * shard_j, 8 * shard_j + 8):
+                got = (m.mountpoint / f"{i}.{j}").read_bytes()
+                assert got == values[8 * i : 8 * i + 8, 8 * j : 8 * j + 8].tobytes(), (i, j)
 
     for j in (0, 1):
-        assert (m.mountpoint / f"0.{j}").read_bytes() == block(0, j)
-    deadline = time.monotonic() + 60
-    while stats()["decoded_chunks"] < 128:  # the second shard's 64, in the background
-        assert time.monotonic() < deadline, stats()
-        time.sleep(0.05)
-    requests = stats()["requests"]
-    for i in range(8):
-        for j in range(8, 16):
-            assert (m.mountpoint / f"{i}.{j}").read_bytes() == block(i, j), (i, j)
+        assert (m.mountpoint / f"0.{j}").read_bytes() == values[:8, 8 * j : 8 * j + 8].tobytes()
+    read_ahead(3)
+    read(0, 1)
+    read(1, 0)
+    requests = read_ahead(4)
+    read(1, 1)
     assert stats()["requests"] == requests, stats()
-    assert stats()["decoded_chunks"] == 128, stats()
+    assert stats()["decoded_chunks"] == 4 * 64, stats()
 
 
 def test_a_run_decoded_together_stays_within_the_memory_budget(mount, tmp_path: Path) -> None:

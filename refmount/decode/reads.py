@@ -203,7 +203,7 @@ class DecodedReads:
         the chunk's range only (each an exact reference of the block cache, the index kept
         there for the shard's other inner chunks); for a reader going through the shard,
         its run's range, decoded with the run's other inner chunks (:meth:`_run`), and
-        the next shard read ahead (:meth:`_read_ahead`).  An inner chunk not written is
+        the next shards read ahead (:meth:`_read_ahead`).  An inner chunk not written is
         the fill value."""
         if source.data is not None:
             inner = shard.inner_bytes(await self._raw(array, source, shard.max_raw_size))
@@ -227,7 +227,7 @@ class DecodedReads:
         return decoded
 
     def _ahead_of(self, url: str, source: Ref, shard: ShardDecoder) -> None:
-        """Read the shard after ``source`` ahead, once: a reader goes through ``source``
+        """Read the shards after ``source`` ahead, once: a reader goes through ``source``
         (a second inner chunk of it read, or one read ahead)."""
         identity = (source.url, source.offset, source.checksum)
         if identity not in self._ahead_from:
@@ -237,22 +237,22 @@ class DecodedReads:
             self.blocks.spawn(self._read_ahead, url, shard)
 
     async def _read_ahead(self, url: str, shard: ShardDecoder) -> None:
-        """The first run of the shard after the one the decoded file ``url`` lies in
-        (a reader going through a sharded array goes there next), its inner chunks
-        decoded as read-ahead in the background; its failures are left to the reads."""
+        """The first run of each shard a reader going through the one the decoded file
+        ``url`` lies in reads next, its inner chunks decoded as read-ahead in the
+        background; failures are left to the reads."""
         serial, _, file_id = url[len(SCHEME) :].partition("/")
         view = self._views.get(int(serial))
         try:
-            source = None if view is None else await view.next_shard(int(file_id))
-            if source is None or source.url is None:
-                return
-            size = source.length
-            if size is None:
-                size = await self.blocks.fetcher.size(source.url)
-            start, end = shard.index_range(size)
-            run = shard.first_run(await self._range(source, start, end), size)
-            if run is not None:
-                await self._run(source, shard.at(run.spans[0][0]), run, reader=False)
+            for source in [] if view is None else await view.next_shards(int(file_id)):
+                if source.url is None:
+                    continue
+                size = source.length
+                if size is None:
+                    size = await self.blocks.fetcher.size(source.url)
+                start, end = shard.index_range(size)
+                run = shard.first_run(await self._range(source, start, end), size)
+                if run is not None:
+                    await self._run(source, shard.at(run.spans[0][0]), run, reader=False)
         except (FetchError, DecodeError, JobFailed) as exc:
             log.debug("reading ahead of %s: %s", url, exc)
         except Exception as exc:  # in the cache's nursery: never the daemon's end

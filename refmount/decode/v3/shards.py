@@ -15,8 +15,8 @@ with the inner pipeline's decoder.  A reader going through a shard (a second inn
 of it read) gets each inner chunk's :class:`Run` of up to :data:`RUN` neighbours in the
 shard's bytes (the whole shard of 64) in one request, when they lie back to back, and
 they are decoded together: jobs of :data:`GROUP` inner chunks (``decode-run``), not one
-per inner chunk; the array's next shard (:meth:`ShardLayout.after`) is then read ahead
-from its :meth:`ShardDecoder.first_run`.  A shard held inline is read whole.
+per inner chunk; the shards the reader enters next (:meth:`ShardLayout.after`) are then
+read ahead from their :meth:`ShardDecoder.first_run`.  A shard held inline is read whole.
 An inner chunk not written reads as the fill value.  A shard is never served as a chunk.
 """
 
@@ -41,6 +41,8 @@ RUN_BYTES = 8 << 20
 #: side), of at most ``BATCH_BYTES`` decoded bytes.
 GROUP = 16
 BATCH_BYTES = 64 << 20
+#: Shards read ahead of a reader going through one, at most.
+AHEAD = 8
 
 
 @dataclass(frozen=True)
@@ -66,14 +68,17 @@ class ShardLayout:
         local = tuple(i % n for i, n in zip(inner, self.per_shard, strict=True))
         return shard, int(np.ravel_multi_index(local, self.per_shard)) if local else 0
 
-    def after(self, shard: tuple[int, ...], grid: tuple[int, ...]) -> tuple[int, ...] | None:
-        """The shard after ``shard`` in C order, of an array of ``grid`` inner chunks
-        (``None`` after the last)."""
+    def after(self, shard: tuple[int, ...], grid: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The shards a reader going through ``shard`` of an array of ``grid`` inner
+        chunks reads next in C order: as many as a row of shards along the last
+        dimension holds (a reader of whole rows of inner chunks enters them together),
+        at most :data:`AHEAD`."""
         counts = tuple(-(-g // n) for g, n in zip(grid, self.per_shard, strict=True))
-        following = int(np.ravel_multi_index(shard, counts)) + 1 if counts else 1
-        if following >= math.prod(counts):
-            return None
-        return tuple(int(i) for i in np.unravel_index(following, counts))
+        if not counts:
+            return []
+        first = int(np.ravel_multi_index(shard, counts)) + 1
+        stop = min(first + min(counts[-1], AHEAD), math.prod(counts))
+        return [tuple(int(i) for i in np.unravel_index(n, counts)) for n in range(first, stop)]
 
     def inner_chunks(self, shard: tuple[int, ...]) -> list[tuple[int, ...]]:
         """The inner chunks of ``shard``, in index order."""

@@ -126,23 +126,24 @@ class V3AsV2(RefSet):
         node = self.node(path)
         return node if isinstance(node, Array) and node.shards is not None else None
 
-    async def next_shard(self, file_id: int) -> Ref | None:
-        """The reference of the shard after the one holding inner chunk ``file_id`` (in C
-        order of its array's shards), if the set has it: where a reader going through
-        the array goes next."""
+    async def next_shards(self, file_id: int) -> list[Ref]:
+        """The references of the shards after the one holding inner chunk ``file_id``
+        (:meth:`refmount.decode.v3.shards.ShardLayout.after`) that the set has: where a
+        reader going through the array goes next."""
         entry = self._inner.entry(file_id)
         if entry is None:
-            return None
+            return []
         path, _, name = entry[0].rpartition("/")
         array = self._sharded(path)
         if array is None or array.shards is None:
-            return None
+            return []
         shard, _ = array.shards.shard_of(tuple(int(p) for p in name.split(".")))
-        after = array.shards.after(shard, array.grid)
-        if after is None:
-            return None
-        raw_id = await self.raw.find_file(_join(path, array.keys.raw_key_of(after)))
-        return None if raw_id is None else self.raw.ref(raw_id)
+        found = []
+        for after in array.shards.after(shard, array.grid):
+            raw_id = await self.raw.find_file(_join(path, array.keys.raw_key_of(after)))
+            if raw_id is not None:
+                found.append(self.raw.ref(raw_id))
+        return found
 
     def inner_chunk(self, file_id: int) -> tuple[ShardLayout, int] | None:
         """``(layout, position in its shard)`` of an inner chunk's file id."""

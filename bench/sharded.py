@@ -13,15 +13,17 @@ Systems, each read in a fresh process from a fresh mount (cold):
   raw      ``refmount REFS MNT``: zarr 3 opens the v3 array and reads it whole (zarr
            fetches each shard's index, then its inner chunks, through the mount)
   decoded  ``refmount --decode REFS MNT``: zarr reads the v2 array the view presents,
-           one file per inner chunk (refmount reads each shard's index once, then each
-           inner chunk's bytes, in runs of 16 once a shard is being read); from a fresh
-           daemon (its decode workers start on the first chunk), and after one chunk of
-           another small array (``warm``) read first, untimed, so the workers run
+           one file per inner chunk (refmount reads each shard's index once, then, once
+           a shard is being read, its inner chunks' bytes in runs of up to 64, decoded
+           in jobs of 16, and the next shard ahead); from a fresh daemon (its decode
+           workers start at mount, maybe not yet ready), and after one chunk of another
+           small array (``warm``) read first, untimed, so the workers run
   one      ``--decode``, one inner chunk only: bytes fetched against the inner chunk
            plus its shard's index (issue 29's target: at most 2x)
 
-Each row: seconds (best of ``--repeat``), the requests and bytes the daemon fetched
-(its ``user.refmount.stats``), and the load average beside it.
+Each row: seconds (best of ``--repeat``), the requests and bytes the daemon fetched and
+the decoding jobs its workers ran (its ``user.refmount.stats``), and the load average
+beside it.
 """
 
 from __future__ import annotations
@@ -93,9 +95,9 @@ def refs_of(store: Path, base: str) -> dict:
     return {"version": 1, "refs": refs}
 
 
-def stats(mnt: Path) -> tuple[int, int]:
+def stats(mnt: Path) -> tuple[int, int, int]:
     found = json.loads(os.getxattr(mnt, "user.refmount.stats"))
-    return found["requests"], found["bytes_fetched"]
+    return found["requests"], found["bytes_fetched"], found.get("worker_jobs", 0)
 
 
 def load() -> str:
@@ -104,9 +106,10 @@ def load() -> str:
 
 def measure(
     refs: Path, work: Path, args: list[str], read: list[str], warm: bool
-) -> tuple[float, str, int, int]:
+) -> tuple[float, str, int, int, int]:
     """One cold read in a fresh process from a fresh mount: seconds, checksum, requests
-    and bytes the daemon fetched (``warm``: after one chunk of another array)."""
+    and bytes the daemon fetched, decoding jobs (``warm``: after one chunk of another
+    array)."""
     mnt = work / "mnt"
     mnt.mkdir(exist_ok=True)
     mounted = Mounted(refs, mnt, [*args, "--xattrs"], work / "refmount.log")
@@ -149,14 +152,14 @@ def main() -> None:
                 "decoded (zarr, v2), workers started": (["--decode"], ["zarr", "2"], True),
                 "decoded, one inner chunk (cat)": (["--decode"], ["cat", "field/3.5"], True),
             }
-            print("| system | seconds | requests | MB fetched | sum equal | load |")
-            print("|---|---|---|---|---|---|")
+            print("| system | seconds | requests | MB fetched | decode jobs | sum equal | load |")
+            print("|---|---|---|---|---|---|---|")
             for name, (mount_args, read, warm) in systems.items():
                 runs = [measure(refs, work, mount_args, read, warm) for _ in range(args.repeat)]
-                seconds, got, requests, fetched = min(runs)
+                seconds, got, requests, fetched, jobs = min(runs)
                 same = "-" if got == "-" else str(abs(float(got) - float(total)) < 1e-3)
-                print(f"| {name} | {seconds:.2f} | {requests} | {fetched / 1e6:.3f} | {same} "
-                      f"| {load()} |")  # fmt: skip
+                print(f"| {name} | {seconds:.2f} | {requests} | {fetched / 1e6:.3f} | {jobs} "
+                      f"| {same} | {load()} |")  # fmt: skip
         shard = (www / "store.zarr/field/c/0/0").read_bytes()
         index = 64 * 16 + 4
         entries = np.frombuffer(shard[-index:-4], "<u8").reshape(64, 2)

@@ -5,6 +5,8 @@ the part started.  A part without one (tests, tools) does its work in its reader
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import trio
 
 
@@ -29,6 +31,14 @@ class Owned:
             finally:
                 self._nursery = None
                 self._stopped()
+
+    def spawn(self, task: Callable[..., Awaitable[None]], *args: object) -> bool:
+        """Run ``task(*args)`` in the nursery, if there is one (False if not): work of a
+        layer above (the decoded view's shard read-ahead), which catches its own failures."""
+        if self._nursery is None:
+            return False
+        self._nursery.start_soon(task, *args)
+        return True
 
     def _stopped(self) -> None:
         """What to let go of once the nursery has ended (nothing, unless overridden)."""

@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import re
+import time
 import warnings
 from pathlib import Path
 
@@ -22,10 +23,17 @@ import pytest
 import zarr
 from zarr.codecs import ZstdCodec
 
+from refmount.decode.v3.shards import GROUP
 from tests.support import reader_runs
 from tests.support.reader_datasets import write_datasets
 from tests.support.reader_runs import EQUAL
-from tests.support.v3_2026 import LEFT_OUT, codec_store, open_authorized, relative_repository
+from tests.support.v3_2026 import (
+    LEFT_OUT,
+    codec_store,
+    open_authorized,
+    relative_repository,
+    unknown_grid_repository,
+)
 from tests.support.v3_sets import icechunk_refs, store_refs, write_refs
 
 RECTILINEAR = {"array.rectilinear_chunks": True}
@@ -96,6 +104,28 @@ def test_a_chunk_that_cannot_be_served_is_eio_at_read_never_absent(relative, mou
         assert outcome.kind == "refused", (reader.__name__, outcome)
     outcome = reader_runs.ncdump(decoded.mountpoint, "unnamed", expected, -1)
     assert outcome.kind == "refused", outcome
+
+
+def test_a_grid_refmount_cannot_read_serves_the_manifests_keys(tmp_path: Path, mount) -> None:
+    """A chunk grid neither regular nor rectilinear (a name icechunk 2.3 does not write):
+    the raw view serves every key the manifest holds, exact bytes (the reader knows its
+    grid; zarr 3 refuses the name rather than reading fill values); ``--decode`` leaves
+    the array out and names it."""
+    stored = unknown_grid_repository(tmp_path / "repo")
+    m = mount(tmp_path / "repo")
+    odd = m.mountpoint / "odd"
+    assert sorted(os.listdir(odd / "c")) == ["0", "1", "2"]
+    for i in range(3):
+        chunk = odd / "c" / str(i) / "0"
+        assert os.listdir(chunk.parent) == ["0"]
+        assert chunk.stat().st_size == 96
+        assert chunk.read_bytes() == stored[4 * i : 4 * i + 4].tobytes(), i
+    assert json.loads((odd / "zarr.json").read_bytes())["chunk_grid"]["name"] == "Regular"
+    with pytest.raises(ValueError, match="chunk grid"):
+        zarr3_raw(m.mountpoint, "odd")
+    decoded = mount(tmp_path / "repo", "--decode")
+    assert "odd" not in os.listdir(decoded.mountpoint)
+    assert "'Regular'" in decoded.log()
 
 
 # -- the decoded view -----------------------------------------------------------------------
@@ -204,10 +234,114 @@ def test_one_inner_chunk_fetches_its_index_and_its_range_only(
     fetched = sum(end - start for path, start, end in http.stats()["ranges"] if "c/0/0" in path)
     inner = int(offsets[2 * 8 + 3][1])
     assert 0 < fetched <= 2 * (inner + index_size), (fetched, inner, len(shard))
-    http.reset_stats()  # a reader going through the shard: its runs of 16, no index again
+    http.reset_stats()  # a reader going through the shard: its run, no index again
     for i, j in ((2, 4), (2, 5), (3, 4), (3, 5)):
         got = (m.mountpoint / f"{i}.{j}").read_bytes()
         assert got == values[8 * i : 8 * i + 8, 8 * j : 8 * j + 8].tobytes(), (i, j)
     ranges = [(start, end) for path, start, end in http.stats()["ranges"] if "c/0/0" in path]
     assert (len(shard) - index_size, len(shard)) not in ranges
     assert len(ranges) == 1, ranges  # Morton order: the four are neighbours in one run
+
+
+def sharded_store(
+    store: Path, shape: tuple[int, int], seed: int, inner: int = 8, shard: int = 64
+) -> np.ndarray:
+    """A v3 store of random float64 in shards of ``shard``² holding inner chunks of
+    ``inner``² (zstd), written by zarr 3; its values."""
+    values = np.random.default_rng(seed).normal(size=shape)
+    zarr.create_array(
+        store, shape=shape, dtype="f8", chunks=(inner, inner), shards=(shard, shard),
+        compressors=[ZstdCodec(level=1)],
+    )[...] = values  # fmt: skip
+    return values
+
+
+def test_a_run_decoded_together_fails_for_its_broken_inner_chunk_only(
+    mount, tmp_path: Path
+) -> None:
+    """A reader going through a shard gets its inner chunks decoded together, a few jobs
+    for 64 chunks; one inner chunk whose bytes are not zstd is EIO for its reads only,
+    every other inner chunk of its run exact, and the mount serves on."""
+    store = tmp_path / "broken.zarr"
+    values = sharded_store(store, (64, 64), seed=7)
+    shard = bytearray((store / "c/0/0").read_bytes())
+    offsets = np.frombuffer(bytes(shard[-(64 * 16 + 4) : -4]), "<u8").reshape(64, 2)
+    broken = 4 * 8 + 5  # inner chunk (4, 5): the middle of the shard's bytes
+    shard[int(offsets[broken][0]) : int(offsets[broken][0]) + 4] = b"\0\0\0\0"  # no frame
+    (store / "c/0/0").write_bytes(bytes(shard))
+    m = mount(write_refs(store_refs(store), tmp_path / "refs.json"), "--decode", "--xattrs")
+    for i in range(8):
+        for j in range(8):
+            path = m.mountpoint / f"{i}.{j}"
+            if (i, j) == (4, 5):
+                for _ in range(2):  # decoded alone too: EIO again
+                    with pytest.raises(OSError) as failed:
+                        path.read_bytes()
+                    assert failed.value.errno == errno.EIO
+                continue
+            assert path.read_bytes() == values[8 * i : 8 * i + 8, 8 * j : 8 * j + 8].tobytes()
+    stats = json.loads(os.getxattr(m.mountpoint, "user.refmount.stats"))
+    # the first alone, the run's other 63 in jobs of GROUP, the failed job's alone, the
+    # broken one's second read: not one job per inner chunk
+    assert stats["worker_jobs"] <= 1 + 64 // GROUP + GROUP + 1 < 64, stats
+    assert stats["decoded_chunks"] == 63 and stats["requests"] <= 4, stats
+    assert "do not decode together" in m.log()
+    assert m.process.poll() is None
+
+
+def test_a_reader_going_through_a_shard_gets_the_next_shards_read_ahead(
+    mount, tmp_path: Path
+) -> None:
+    """2 x 2 shards of 64 inner chunks: once a reader goes through shard (0, 0) (a second
+    inner chunk of it read), the next two in C order, (0, 1) and (1, 0) (a row of shards
+    holds two), are fetched and decoded in the background; once it reads them, (1, 1)
+    is; reading a shard read ahead asks the store for nothing more; all exact."""
+    store = tmp_path / "four.zarr"
+    values = sharded_store(store, (128, 128), seed=13)
+    m = mount(write_refs(store_refs(store), tmp_path / "refs.json"), "--decode", "--xattrs")
+
+    def stats() -> dict:
+        return json.loads(os.getxattr(m.mountpoint, "user.refmount.stats"))
+
+    def read_ahead(shards: int) -> int:
+        """The requests made once ``shards`` shards' 64 are decoded (in the background)."""
+        deadline = time.monotonic() + 60
+        while stats()["decoded_chunks"] < 64 * shards:
+            assert time.monotonic() < deadline, stats()
+            time.sleep(0.05)
+        return stats()["requests"]
+
+    def read(shard_i: int, shard_j: int) -> None:
+        for i in range(8 * shard_i, 8 * shard_i + 8):
+            for j in range(8 * shard_j, 8 * shard_j + 8):
+                got = (m.mountpoint / f"{i}.{j}").read_bytes()
+                assert got == values[8 * i : 8 * i + 8, 8 * j : 8 * j + 8].tobytes(), (i, j)
+
+    for j in (0, 1):
+        assert (m.mountpoint / f"0.{j}").read_bytes() == values[:8, 8 * j : 8 * j + 8].tobytes()
+    read_ahead(3)
+    read(0, 1)
+    read(1, 0)
+    requests = read_ahead(4)
+    read(1, 1)
+    assert stats()["requests"] == requests, stats()
+    assert stats()["decoded_chunks"] == 4 * 64, stats()
+
+
+def test_a_run_decoded_together_stays_within_the_memory_budget(mount, tmp_path: Path) -> None:
+    """With a 1 MiB cache, a shard's run (about 0.5 MB stored, 0.5 MiB decoded) does not
+    fit whole with its decoded chunks (the read-ahead share is half the budget): what has
+    no room is decoded when read, with the run's chunks still without, every inner chunk
+    exact, and the cache never holds more than its budget."""
+    store = tmp_path / "tight.zarr"
+    values = sharded_store(store, (256, 256), seed=11, inner=32, shard=256)
+    refs = write_refs(store_refs(store), tmp_path / "refs.json")
+    m = mount(refs, "--decode", "--xattrs", "--cache-size", "1M")
+    for i in range(8):
+        for j in range(8):
+            got = (m.mountpoint / f"{i}.{j}").read_bytes()
+            assert got == values[32 * i : 32 * i + 32, 32 * j : 32 * j + 32].tobytes(), (i, j)
+    stats = json.loads(os.getxattr(m.mountpoint, "user.refmount.stats"))
+    assert stats["budget"] == 1 << 20 and 0 < stats["peak_bytes"] <= stats["budget"], stats
+    assert stats["decoded_chunks"] == 64 and stats["decode_errors"] == 0, stats
+    assert stats["worker_jobs"] < 16, stats  # in runs, each as room allows: not one by one

@@ -4,6 +4,10 @@ libraries parsing a reference set's bytes cannot take the mount down:
 - ``decode``: one raw chunk to its decoded bytes.  Its parameters are the decoder's
   spec (:func:`refmount.decode.arrays.chunk_decoder`): the worker builds the same
   allowlisted stages from it, checking every parameter again;
+- ``decode-run``: several raw chunks of one decoder lying in one payload (a run of a
+  shard's inner chunks, :mod:`refmount.decode.v3.shards`) to their decoded bytes, one
+  after another (parameters ``decoder``, a spec, and ``spans``, each chunk's
+  ``[offset, length]`` in the payload): one job instead of one per chunk;
 - ``decode-strings``: a variable-length string chunk to fixed-width values
   (:class:`refmount.decode.strings.StringDecoder`; parameters ``meta`` and ``width``);
 - ``measure-strings``: the longest value of a variable-length string chunk, as 8
@@ -61,6 +65,27 @@ def decode_chunk(params: Mapping[str, Any], payload: memoryview, size: int) -> B
     if decoder.size != size:
         raise DecodeError(f"a decoder of {decoder.size}-byte chunks asked for {size} bytes")
     return decoder.decode(payload)
+
+
+def decode_run(params: Mapping[str, Any], payload: memoryview, size: int) -> Buffer:
+    decoder = _decoder(json.dumps(params.get("decoder"), sort_keys=True))
+    spans = params.get("spans")
+    if not isinstance(spans, list) or len(spans) * decoder.size != size:
+        raise DecodeError(f"a run of {decoder.size}-byte chunks asked for {size} bytes")
+    out = bytearray(size)
+    for i, span in enumerate(spans):
+        if not (
+            isinstance(span, list)
+            and len(span) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in span)
+            and span[0] + span[1] <= len(payload)
+        ):
+            raise DecodeError(f"span {span!r} is not within the run's {len(payload)} bytes")
+        chunk = decoder.decode(payload[span[0] : span[0] + span[1]])
+        if len(chunk) != decoder.size:
+            raise DecodeError(f"a chunk decoded to {len(chunk)} bytes, not {decoder.size}")
+        out[i * decoder.size : (i + 1) * decoder.size] = chunk
+    return out
 
 
 @lru_cache(maxsize=64)

@@ -32,6 +32,8 @@ import logging
 import os
 import weakref
 from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
 
 import trio
 
@@ -40,7 +42,7 @@ from refmount.cache.parts import State
 from refmount.decode.chunkjob import MEASURE_SIZE
 from refmount.decode.codecs import Buffer, ChunkDecoding, DecodeError
 from refmount.decode.strings import StringMeasure
-from refmount.decode.v3.shards import ShardDecoder
+from refmount.decode.v3.shards import BATCH_BYTES, GROUP, Run, ShardDecoder
 from refmount.decode.view import SCHEME, DecodedRefSet
 from refmount.errors import FetchError
 from refmount.refs.model import Checksum, Ref, RefSet
@@ -48,14 +50,21 @@ from refmount.workers import InProcessRunner, JobFailed, JobRunner
 
 log = logging.getLogger(__name__)
 
-#: How many shards' last inner chunk read are remembered (to see a reader going through).
+#: How many shards' last inner chunk read are remembered (to see a reader going through),
+#: and inner chunks whose run's job failed.
 RECENT_SHARDS = 4096
 
 
 class DecodedPart(Part):
-    """A part holding one decoded chunk; weakly referenceable, for the view's index."""
+    """A part holding one decoded chunk; weakly referenceable, for the view's index.
+    ``retry``: decoded with its run's other inner chunks by a job that failed, so its
+    readers decode it alone (the failure may be another chunk's)."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("__weakref__", "retry")
+
+    def __init__(self, url: str, size: int, *, ahead: bool = False) -> None:
+        super().__init__(url, 0, size, ahead=ahead)
+        self.retry = False
 
 
 ChunkKey = tuple[str, Ref]
@@ -80,6 +89,10 @@ class DecodedReads:
         )
         #: Each recently read shard's last inner chunk position (see ``_in_order``).
         self._last_inner: OrderedDict[tuple[str | None, int, Checksum | None], int] = OrderedDict()
+        #: Shards whose next shard was read ahead (a bounded record).
+        self._ahead_from: OrderedDict[tuple[str | None, int, Checksum | None], None] = OrderedDict()
+        #: Inner chunks of a run whose job failed, decoded alone since (a bounded record).
+        self._alone: OrderedDict[ChunkKey, None] = OrderedDict()
         self._counters = dict.fromkeys(
             ("decoded_chunks", "decoded_bytes", "decoded_hits", "decode_errors"), 0
         )
@@ -129,22 +142,25 @@ class DecodedReads:
         if decoder.error is not None:
             raise FetchError(f"array {array or '/'!r}: {decoder.error}")
         key = (decoder.key, source)
-        part = self._chunks.get(key)
-        if part is not None:
+        while (part := self._chunks.get(key)) is not None:
             if part.pending:
                 await part.wait()
+            if part.retry:  # its run's job failed: decoded alone below
+                continue
             part.check()
             self.blocks.memory.touch(part)
             self._counters["decoded_hits"] += 1
+            if part.prefetched and isinstance(decoder, ShardDecoder):  # a reader came
+                self._ahead_of(url, source, decoder)
             return part
-        part = DecodedPart(url, 0, decoder.size)
+        part = DecodedPart(url, decoder.size)
         self._chunks[key] = part
         held = self.blocks.memory.reserve(part.reserved, ahead=False, now=0.0)
         if not held:
             part.reserved = 0
         part.state = State.IN_FLIGHT
         try:
-            data = await self._decode(array, source, decoder)
+            data = await self._decode(array, source, decoder, url)
         except BaseException as exc:
             self.blocks.memory.release(part)
             self._counters["decode_errors"] += 1
@@ -164,31 +180,34 @@ class DecodedReads:
         self._counters["decoded_bytes"] += len(data)
         return part
 
-    async def _decode(self, array: str, source: Ref, decoding: ChunkDecoding) -> Buffer:
+    async def _decode(self, array: str, source: Ref, decoding: ChunkDecoding, url: str) -> Buffer:
         try:
             if isinstance(decoding, ShardDecoder):  # its index here, the inner chunk below
-                inner = await self._inner_chunk(array, source, decoding)
-                if inner is None:
-                    return decoding.filled()
-                decoding, raw = decoding.inner, inner
-            else:
-                raw = await self._raw(array, source, decoding.max_raw_size)
-            job = decoding.job
-            if job is not None:
-                return await self.runner.submit(*job, raw, decoding.size)
-            # Stored as it is (its size and byte order checked): in threads here.
-            if self._limiter is None:
-                self._limiter = trio.CapacityLimiter(max(1, os.cpu_count() or 1))
-            return await trio.to_thread.run_sync(decoding.decode, raw, limiter=self._limiter)
+                return await self._inner_chunk(array, source, decoding, url)
+            return await self._job(decoding, await self._raw(array, source, decoding.max_raw_size))
         except (JobFailed, DecodeError) as exc:
             raise FetchError(f"array {array or '/'!r}: a chunk does not decode: {exc}") from None
 
-    async def _inner_chunk(self, array: str, source: Ref, shard: ShardDecoder) -> Buffer | None:
-        """An inner chunk's raw bytes: the shard's index, then the chunk's range only
-        (each an exact reference of the block cache, the index kept there for the
-        shard's other inner chunks); ``None`` for an inner chunk not written."""
+    async def _job(self, decoding: ChunkDecoding, raw: Buffer) -> Buffer:
+        """One chunk decoded: by a worker, or a chunk stored as it is (its size and byte
+        order checked) in threads here."""
+        job = decoding.job
+        if job is not None:
+            return await self.runner.submit(*job, raw, decoding.size)
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(max(1, os.cpu_count() or 1))
+        return await trio.to_thread.run_sync(decoding.decode, raw, limiter=self._limiter)
+
+    async def _inner_chunk(self, array: str, source: Ref, shard: ShardDecoder, url: str) -> Buffer:
+        """An inner chunk (of the decoded file ``url``) decoded: the shard's index, then
+        the chunk's range only (each an exact reference of the block cache, the index kept
+        there for the shard's other inner chunks); for a reader going through the shard,
+        its run's range, decoded with the run's other inner chunks (:meth:`_run`), and
+        the next shards read ahead (:meth:`_read_ahead`).  An inner chunk not written is
+        the fill value."""
         if source.data is not None:
-            return shard.inner_bytes(await self._raw(array, source, shard.max_raw_size))
+            inner = shard.inner_bytes(await self._raw(array, source, shard.max_raw_size))
+            return shard.filled() if inner is None else await self._job(shard.inner, inner)
         assert source.url is not None
         size = source.length
         if size is None:
@@ -197,10 +216,143 @@ class DecodedReads:
         index = await self._range(source, start, end)
         found = shard.locate(index, size)
         if found is None:
-            return None
+            return shard.filled()
         offset, length = found
         run = shard.run(index, size) if self._in_order(source, shard.position) else None
-        return await self._range(source, offset, offset + length, run)
+        if run is None:
+            return await self._job(shard.inner, await self._range(source, offset, offset + length))
+        self._ahead_of(url, source, shard)
+        decoded = await self._run(source, shard, run)
+        assert decoded is not None  # a reader's run returns its chunk
+        return decoded
+
+    def _ahead_of(self, url: str, source: Ref, shard: ShardDecoder) -> None:
+        """Read the shards after ``source`` ahead, once: a reader goes through ``source``
+        (a second inner chunk of it read, or one read ahead)."""
+        identity = (source.url, source.offset, source.checksum)
+        if identity not in self._ahead_from:
+            self._ahead_from[identity] = None
+            if len(self._ahead_from) > RECENT_SHARDS:
+                self._ahead_from.popitem(last=False)
+            self.blocks.spawn(self._read_ahead, url, shard)
+
+    async def _read_ahead(self, url: str, shard: ShardDecoder) -> None:
+        """The first run of each shard a reader going through the one the decoded file
+        ``url`` lies in reads next, its inner chunks decoded as read-ahead in the
+        background; failures are left to the reads."""
+        serial, _, file_id = url[len(SCHEME) :].partition("/")
+        view = self._views.get(int(serial))
+        try:
+            for source in [] if view is None else await view.next_shards(int(file_id)):
+                if source.url is None:
+                    continue
+                size = source.length
+                if size is None:
+                    size = await self.blocks.fetcher.size(source.url)
+                start, end = shard.index_range(size)
+                run = shard.first_run(await self._range(source, start, end), size)
+                if run is not None:
+                    await self._run(source, shard.at(run.spans[0][0]), run, reader=False)
+        except (FetchError, DecodeError, JobFailed) as exc:
+            log.debug("reading ahead of %s: %s", url, exc)
+        except Exception as exc:  # in the cache's nursery: never the daemon's end
+            log.warning("reading ahead of %s failed: %r", url, exc)
+
+    async def _run(
+        self, source: Ref, shard: ShardDecoder, run: Run, *, reader: bool = True
+    ) -> Buffer | None:
+        """Inner chunk ``shard.position`` decoded from ``run``'s bytes, fetched once,
+        with the run's other inner chunks not yet decoded or being decoded: each is a
+        decoded chunk in flight at once (its readers wait for it), decoded in jobs of
+        :data:`GROUP` inner chunks that the workers run side by side, then kept as
+        read-ahead (under the budget's read-ahead share: those without room are left to
+        their own reads).  A job that fails leaves its inner chunks to be decoded alone
+        (and remembered, so they are not batched again), so a failure is its own
+        chunk's only.  Without a ``reader``, every inner chunk of the run is read-ahead,
+        and nothing is returned."""
+        job, size = shard.inner.job, shard.size
+        mine = next(span for span in run.spans if span[0] == shard.position)
+        own = (shard.key, source)
+        members: list[tuple[ChunkKey, DecodedPart | None]] = [(own, None)] if reader else []
+        spans = [[mine[1], mine[2]]] if reader else []
+        batched = job is not None and job[0] == "decode" and GROUP * size <= BATCH_BYTES
+        if batched and own not in self._alone:
+            now = trio.current_time()
+            for position, offset, length in run.spans:
+                key = (shard.at(position).key, source)
+                if (reader and key == own) or key in self._chunks or key in self._alone:
+                    continue
+                part = DecodedPart(f"{SCHEME}run", size, ahead=True)
+                if not self.blocks.memory.reserve(part.reserved, ahead=True, now=now):
+                    break
+                part.state = State.IN_FLIGHT
+                self._chunks[key] = part
+                spans.append([offset, length])
+                members.append((key, part))
+        others = [(key, part) for key, part in members if part is not None]
+        try:
+            if reader and not others:
+                raw = await self._range(source, run.start, run.end)
+                return await self._job(shard.inner, memoryview(raw)[mine[1] : mine[1] + mine[2]])
+            if not others:
+                return None
+            raw = await self._range(source, run.start, run.end)
+            assert job is not None
+            found: list[Buffer] = []
+            async with trio.open_nursery() as nursery:
+                for first in range(0, len(spans), GROUP):
+                    group = slice(first, first + GROUP)
+                    nursery.start_soon(
+                        self._group, job[1], raw, size, spans[group], members[group], found
+                    )
+            if not reader:
+                return None
+            if found:
+                return found[0]
+            return await self._job(shard.inner, memoryview(raw)[mine[1] : mine[1] + mine[2]])
+        finally:
+            for key, part in others:
+                if part.pending:  # not landed: its readers decode it alone
+                    self.blocks.memory.release(part)
+                    part.retry = True
+                    part.fail(FetchError("its run's decoding failed"))
+                    if self._chunks.get(key) is part:
+                        del self._chunks[key]
+
+    async def _group(
+        self,
+        spec: Mapping[str, Any],
+        raw: Buffer,
+        size: int,
+        spans: list[list[int]],
+        members: list[tuple[ChunkKey, DecodedPart | None]],
+        found: list[Buffer],
+    ) -> None:
+        """Inner chunks (``size`` bytes each decoded) at ``spans`` of ``raw`` decoded in
+        one ``decode-run`` job, each landed in its part (``None``: the reader's own, put
+        in ``found``); a failed job lands none, and its chunks are decoded alone since."""
+        try:
+            out = await self.runner.submit(
+                "decode-run", {"decoder": spec, "spans": spans}, raw, len(spans) * size
+            )
+        except JobFailed as exc:
+            log.info("%d inner chunks do not decode together (%s): each alone", len(spans), exc)
+            for key, _ in members:
+                self._alone[key] = None
+                if len(self._alone) > RECENT_SHARDS:
+                    self._alone.popitem(last=False)
+            return
+        landed = trio.current_time()
+        for i, (_, part) in enumerate(members):
+            data = bytes(memoryview(out)[i * size : (i + 1) * size])
+            if part is None:
+                found.append(data)
+                continue
+            self.blocks.memory.release(part)
+            part.land(data)
+            self.blocks.memory.hold(part, landed)
+            self._counters["decoded_chunks"] += 1
+            self._counters["decoded_bytes"] += size
 
     def _in_order(self, source: Ref, position: int) -> bool:
         """Whether another inner chunk of this shard was read before (its reader goes
@@ -212,15 +364,9 @@ class DecodedReads:
             self._last_inner.popitem(last=False)
         return last is not None and last != position
 
-    async def _range(
-        self, source: Ref, start: int, end: int, within: tuple[int, int] | None = None
-    ) -> bytes | memoryview:
-        """Bytes ``[start, end)`` of ``source``, fetched as a reference of their own, or
-        cut from the reference ``within`` (a run of inner chunks, fetched once)."""
+    async def _range(self, source: Ref, start: int, end: int) -> bytes | memoryview:
+        """Bytes ``[start, end)`` of ``source``, fetched as a reference of their own."""
         assert source.url is not None
-        if within is not None:  # the whole run, read alike by each of its inner chunks
-            run = await self._range(source, *within)
-            return memoryview(run)[start - within[0] : end - within[0]]
         first, last = source.offset + start, source.offset + end
         return await self.blocks.read_buffer(
             source.url, first, last, (first, last), source.checksum

@@ -212,6 +212,11 @@ class DecodedRefSet(RefSet):
         found = self.chunk_array(self.raw.key(file_id))
         return (found[0] if found else "?", ref.source, ref.decoder)
 
+    async def next_shards(self, file_id: int) -> list[Ref]:
+        """For an inner chunk of a sharded array, the raw references of the shards a
+        reader reads next (:meth:`refmount.decode.v3.tree.V3AsV2.next_shards`)."""
+        return await self.raw.next_shards(file_id) if isinstance(self.raw, V3AsV2) else []
+
     def _adds_attributes(self, path: str) -> bool:
         """Whether the view adds to the ``.zattrs`` of the array at ``path``: a rank-0
         array's dimension, a served dtype's attributes (CF time units)."""

@@ -37,7 +37,7 @@ from refmount.icechunk.manifest import INLINE, NATIVE, ManifestError
 from refmount.icechunk.repository import Node, Repository, history
 from refmount.malloc import bulk_allocations
 from refmount.refs import release_freed_memory
-from refmount.refs.chunkgrid import chunk_counts
+from refmount.refs.chunkgrid import GridError, chunk_counts
 from refmount.refs.model import Child, Ref, RefSet
 
 log = logging.getLogger(__name__)
@@ -373,15 +373,35 @@ def _meta_key(path: str) -> str:
 
 
 def _chunk_keys(node: Node, name: str) -> ChunkKeys:
-    """An array's chunk keys from its ``zarr.json`` (a regular or rectilinear grid); an
-    array whose grid refmount cannot read has no chunks (its metadata is still served),
-    with a warning."""
+    """An array's chunk keys from its ``zarr.json`` (a regular or rectilinear grid), or
+    for a grid refmount cannot read, from its manifests' extents: keys are keys, and the
+    raw view serves every one the manifests hold (their readers know the grid).  Only an
+    array whose keys cannot be known at all has no chunks (its metadata is still
+    served), with a warning."""
     document = node.document
     try:
         shape = [int(n) for n in document["shape"]]
         if any(s < 0 for s in shape):
             raise ValueError(f"shape {shape} has a negative extent")
-        return ChunkKeys.from_metadata(document, chunk_counts(document["chunk_grid"], shape))
+        try:
+            grid = chunk_counts(document["chunk_grid"], shape)
+        except GridError as exc:
+            grid = _extents_grid(node, len(shape), exc)
+        return ChunkKeys.from_metadata(document, grid)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         log.warning("%s: %s: its chunks are not served: %s", name, node.path, exc)
         return ChunkKeys((0,) * max(len(document.get("shape") or ()), 1))
+
+
+def _extents_grid(node: Node, rank: int, problem: GridError) -> tuple[int, ...]:
+    """The chunks along each dimension that the array's manifests cover (each manifest's
+    ``[start, stop)`` extents); ``problem`` again when a manifest gives none of ``rank``
+    dimensions."""
+    grid = [0] * rank
+    for _, extents in node.manifests:
+        if len(extents) != rank:
+            raise problem
+        grid = [max(n, stop) for n, (_, stop) in zip(grid, extents, strict=True)]
+    log.info("%s: chunk grid not read (%s): its keys are the manifests' %s", node.path,
+             problem, grid)  # fmt: skip
+    return tuple(grid)

@@ -21,6 +21,7 @@ Handler = Callable[[Mapping[str, Any], memoryview, int], Buffer]
 #: Job kind -> ``module:function`` of its handler.
 JOBS: dict[str, str] = {
     "decode": "refmount.decode.chunkjob:decode_chunk",
+    "decode-run": "refmount.decode.chunkjob:decode_run",
     "decode-strings": "refmount.decode.chunkjob:decode_strings",
     "measure-strings": "refmount.decode.chunkjob:measure_strings",
 }

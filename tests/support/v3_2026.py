@@ -114,3 +114,29 @@ def open_authorized(root: Path, data: Path) -> icechunk.Repository:
                 data.as_uri() + "/": icechunk.credentials.LocalFileSystemAccess
             },
         )
+
+
+def unknown_grid_repository(root: Path, name: str = "Regular") -> np.ndarray:
+    """A repository whose array ``odd`` (10 x 6 int32 in 3 inline chunks of 4 x 6) has a
+    chunk grid named ``name`` (icechunk 2.3 writes only regular and rectilinear grids, so
+    its snapshot's ``"regular"`` is rewritten, same length); the stored chunks, as zarr
+    wrote them (the last padded with the fill value -1)."""
+    import zstandard
+
+    from refmount.icechunk.manifest import HEADER_SIZE
+
+    icechunk.set_logs_filter("error")
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(root)))
+    session = repo.writable_session("main")
+    zarr.open_group(session.store).create_array(
+        "odd", shape=(10, 6), chunks=(4, 6), dtype="<i4", fill_value=-1, compressors=None
+    )[...] = np.arange(60, dtype="<i4").reshape(10, 6)
+    snapshot = root / "snapshots" / session.commit("an unknown chunk grid")
+    data = snapshot.read_bytes()
+    body = zstandard.ZstdDecompressor().decompressobj().decompress(data[HEADER_SIZE:])
+    assert len(name) == len("regular") and body.count(b'"regular"') == 1
+    body = body.replace(b'"regular"', f'"{name}"'.encode())
+    snapshot.write_bytes(data[:HEADER_SIZE] + zstandard.ZstdCompressor().compress(body))
+    stored = np.full((12, 6), -1, dtype="<i4")
+    stored[:10] = np.arange(60).reshape(10, 6)
+    return stored

@@ -12,8 +12,11 @@ range, kept by the block cache under the memory budget like any other bytes, so 
 shard's index is fetched once for all its inner chunks), :class:`ShardDecoder` checks it
 and locates the inner chunk, and only that chunk's byte range is fetched and decoded
 with the inner pipeline's decoder.  A reader going through a shard (a second inner chunk
-of it read) gets each inner chunk's run of :data:`RUN` neighbours in the shard's bytes in
-one request, when they lie back to back.  A shard held inline is read whole.
+of it read) gets each inner chunk's :class:`Run` of up to :data:`RUN` neighbours in the
+shard's bytes (the whole shard of 64) in one request, when they lie back to back, and
+they are decoded together: jobs of :data:`GROUP` inner chunks (``decode-run``), not one
+per inner chunk; the shards the reader enters next (:meth:`ShardLayout.after`) are then
+read ahead from their :meth:`ShardDecoder.first_run`.  A shard held inline is read whole.
 An inner chunk not written reads as the fill value.  A shard is never served as a chunk.
 """
 
@@ -32,8 +35,14 @@ from refmount.decode.codecs import Buffer, DecodeError
 _MISSING = (1 << 64) - 1
 #: Inner chunks fetched as one request once a shard is being read: how many, and their
 #: most bytes.
-RUN = 16
+RUN = 64
 RUN_BYTES = 8 << 20
+#: A run's inner chunks are decoded in jobs of this many (the workers run them side by
+#: side), of at most ``BATCH_BYTES`` decoded bytes.
+GROUP = 16
+BATCH_BYTES = 64 << 20
+#: Shards read ahead of a reader going through one, at most.
+AHEAD = 8
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,18 @@ class ShardLayout:
         shard = tuple(i // n for i, n in zip(inner, self.per_shard, strict=True))
         local = tuple(i % n for i, n in zip(inner, self.per_shard, strict=True))
         return shard, int(np.ravel_multi_index(local, self.per_shard)) if local else 0
+
+    def after(self, shard: tuple[int, ...], grid: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The shards a reader going through ``shard`` of an array of ``grid`` inner
+        chunks reads next in C order: as many as a row of shards along the last
+        dimension holds (a reader of whole rows of inner chunks enters them together),
+        at most :data:`AHEAD`."""
+        counts = tuple(-(-g // n) for g, n in zip(grid, self.per_shard, strict=True))
+        if not counts:
+            return []
+        first = int(np.ravel_multi_index(shard, counts)) + 1
+        stop = min(first + min(counts[-1], AHEAD), math.prod(counts))
+        return [tuple(int(i) for i in np.unravel_index(n, counts)) for n in range(first, stop)]
 
     def inner_chunks(self, shard: tuple[int, ...]) -> list[tuple[int, ...]]:
         """The inner chunks of ``shard``, in index order."""
@@ -105,6 +126,17 @@ def shard_layout(
 
 
 @dataclass(frozen=True)
+class Run:
+    """Inner chunks lying back to back in a shard: their bytes ``[start, end)``, and per
+    inner chunk (in the order of its bytes) its position, and its offset in the run's
+    bytes and length."""
+
+    start: int
+    end: int
+    spans: tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True)
 class ShardDecoder:
     """Inner chunk ``position`` of a whole shard, decoded by ``inner`` (a
     :class:`refmount.decode.codecs.ChunkDecoding`)."""
@@ -140,9 +172,8 @@ class ShardDecoder:
             raise DecodeError(f"a shard of {shard_size} bytes is shorter than its index")
         return (shard_size - size, shard_size) if self.layout.end else (0, size)
 
-    def locate(self, index: Buffer, shard_size: int) -> tuple[int, int] | None:
-        """``(offset, length)`` of the inner chunk in a shard of ``shard_size`` bytes,
-        from its index (checked); ``None`` when the shard holds no such chunk."""
+    def entries(self, index: Buffer) -> np.ndarray:
+        """The index's ``(offset, length)`` rows, its size and CRC-32C checked."""
         view = memoryview(index).cast("B")
         entries = view[: self.layout.count * 16]
         if len(view) != self.layout.index_size:
@@ -153,7 +184,12 @@ class ShardDecoder:
             stored = int.from_bytes(view[-4:], "little")
             if google_crc32c.value(bytes(entries)) != stored:
                 raise DecodeError("the shard index's crc32c does not match")
-        offset, length = np.frombuffer(entries, "<u8")[2 * self.position : 2 * self.position + 2]
+        return np.frombuffer(entries, "<u8").reshape(-1, 2)
+
+    def locate(self, index: Buffer, shard_size: int) -> tuple[int, int] | None:
+        """``(offset, length)`` of the inner chunk in a shard of ``shard_size`` bytes,
+        from its index (checked); ``None`` when the shard holds no such chunk."""
+        offset, length = self.entries(index)[self.position]
         if offset == _MISSING and length == _MISSING:
             return None
         if offset + length > shard_size:
@@ -162,11 +198,11 @@ class ShardDecoder:
             raise DecodeError(f"an inner chunk of {length} bytes, over {self.inner.max_raw_size}")
         return int(offset), int(length)
 
-    def run(self, index: Buffer, shard_size: int) -> tuple[int, int] | None:
-        """The byte span of this inner chunk's run: the shard's written inner chunks in
-        the order of their bytes (zarr writes them in Morton order: neighbours), cut in
-        runs of :data:`RUN`; ``None`` unless the run's chunks lie back to back within
-        :data:`RUN_BYTES`.  One request for a reader going through the shard."""
+    def run(self, index: Buffer, shard_size: int) -> Run | None:
+        """This inner chunk's run: the shard's written inner chunks in the order of their
+        bytes (zarr writes them in Morton order: neighbours), cut in runs of :data:`RUN`;
+        ``None`` unless the run's chunks lie back to back within :data:`RUN_BYTES`.  One
+        request, and one decoding job, for a reader going through the shard."""
         rows = np.frombuffer(memoryview(index).cast("B")[: self.layout.count * 16], "<u8")
         rows = rows.reshape(-1, 2)
         written = np.flatnonzero((rows[:, 0] != _MISSING) | (rows[:, 1] != _MISSING))
@@ -175,12 +211,34 @@ class ShardDecoder:
         if not len(at):
             return None
         first = int(at[0]) - int(at[0]) % RUN
-        members = rows[ordered[first : first + RUN]]
+        positions = ordered[first : first + RUN]
+        members = rows[positions]
         start, end = int(members[0, 0]), int(members[-1, 0] + members[-1, 1])
         back_to_back = end - start == int(members[:, 1].sum())
         if not back_to_back or end - start > RUN_BYTES or end > shard_size:
             return None
-        return start, end
+        if int(members[:, 1].max()) > self.inner.max_raw_size:
+            return None  # the one too long is refused by its own read
+        spans = tuple(
+            (int(p), int(o) - start, int(n))
+            for p, (o, n) in zip(positions.tolist(), members.tolist(), strict=True)
+        )
+        return Run(start, end, spans)
+
+    def first_run(self, index: Buffer, shard_size: int) -> Run | None:
+        """The run of the inner chunk whose bytes come first in the shard (``None``: none
+        written, or not back to back), the index checked."""
+        rows = self.entries(index)
+        written = np.flatnonzero((rows[:, 0] != _MISSING) | (rows[:, 1] != _MISSING))
+        if not len(written):
+            return None
+        first = int(written[np.argmin(rows[written, 0])])
+        return self.at(first).run(index, shard_size)
+
+    def at(self, position: int) -> ShardDecoder:
+        """The decoder of inner chunk ``position`` of the same shards."""
+        key = _key(self.inner, self.layout, position)
+        return ShardDecoder(key, self.inner, self.layout, position, self.fill)
 
     def inner_bytes(self, raw: Buffer) -> memoryview | None:
         """The inner chunk's encoded bytes in the whole shard ``raw``, its index checked;
@@ -212,6 +270,9 @@ def shard_decoder(
         fill: bytes | None = np.full(inner.chunks, value, dtype=little).tobytes()
     except (ValueError, TypeError, OverflowError):
         fill = None
-    identity = f"{inner.key}/{layout}/{position}"
-    key = hashlib.sha256(identity.encode()).hexdigest()[:32]
-    return ShardDecoder(key, inner, layout, position, fill)
+    return ShardDecoder(_key(inner, layout, position), inner, layout, position, fill)
+
+
+def _key(inner: ChunkDecoder, layout: ShardLayout, position: int) -> str:
+    """The decoded chunk's key: the inner decoder's, its layout and place."""
+    return hashlib.sha256(f"{inner.key}/{layout}/{position}".encode()).hexdigest()[:32]

@@ -126,6 +126,25 @@ class V3AsV2(RefSet):
         node = self.node(path)
         return node if isinstance(node, Array) and node.shards is not None else None
 
+    async def next_shards(self, file_id: int) -> list[Ref]:
+        """The references of the shards after the one holding inner chunk ``file_id``
+        (:meth:`refmount.decode.v3.shards.ShardLayout.after`) that the set has: where a
+        reader going through the array goes next."""
+        entry = self._inner.entry(file_id)
+        if entry is None:
+            return []
+        path, _, name = entry[0].rpartition("/")
+        array = self._sharded(path)
+        if array is None or array.shards is None:
+            return []
+        shard, _ = array.shards.shard_of(tuple(int(p) for p in name.split(".")))
+        found = []
+        for after in array.shards.after(shard, array.grid):
+            raw_id = await self.raw.find_file(_join(path, array.keys.raw_key_of(after)))
+            if raw_id is not None:
+                found.append(self.raw.ref(raw_id))
+        return found
+
     def inner_chunk(self, file_id: int) -> tuple[ShardLayout, int] | None:
         """``(layout, position in its shard)`` of an inner chunk's file id."""
         entry = self._inner.entry(file_id)

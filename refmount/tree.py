@@ -29,6 +29,14 @@ ROOT_INODE = 1
 FILE_BASE = 1 << 40
 #: Inode numbers per generation: file ids of one set stay below this.
 GENERATION_SPAN = 1 << 40
+
+
+def file_inode(generation: int, file_id: int) -> int:
+    """The inode a tree of ``generation`` gives the file ``file_id`` (a catalog names
+    a set's file by it before the set is loaded)."""
+    return FILE_BASE + generation * GENERATION_SPAN + file_id
+
+
 #: The largest size ``stat`` can report (``off_t``); a store may claim more.
 MAX_FILE_SIZE = (1 << 63) - 1
 
@@ -98,7 +106,7 @@ class Tree:
         self.generation = generation
         self._remote_size = remote_size
         self._known_size = known_size
-        self._base = FILE_BASE + generation * GENERATION_SPAN
+        self._base = file_inode(generation, 0)
         self._pinned_ids = pinned or {}  # inode -> file id, for inodes of older generations
         self._pinned_inodes = {file_id: inode for inode, file_id in self._pinned_ids.items()}
         self._dir_paths: dict[int, str] = dir_paths or {ROOT_INODE: ""}

@@ -12,7 +12,7 @@ entries stay right whatever it still holds.
 
 from __future__ import annotations
 
-from refmount.tree import FILE_BASE, GENERATION_SPAN, ROOT_INODE
+from refmount.tree import FILE_BASE, GENERATION_SPAN, ROOT_INODE, file_inode
 
 RANGE_BITS = 40
 OFFSET_MASK = (1 << RANGE_BITS) - 1
@@ -102,7 +102,7 @@ class SetInodes:
         generation = self._generations.get(index)
         if generation is None:
             return None
-        return FILE_BASE + generation * GENERATION_SPAN + offset
+        return file_inode(generation, offset)
 
     def is_dir(self, inode: int) -> bool:
         return inode == self.root or inode >> RANGE_BITS == self._dir_range

@@ -25,14 +25,13 @@ from refmount.catalog.sets import CatalogSet
 from refmount.errors import FetchError
 from refmount.refs.model import Ref
 from refmount.tree import (
-    FILE_BASE,
-    GENERATION_SPAN,
     ROOT_INODE,
     Entry,
     Node,
     Owner,
     StaleInode,
     Tree,
+    file_inode,
     ref_size,
 )
 
@@ -169,7 +168,7 @@ class CatalogTree:
         else:
             assert self.catalog.beside is not None
             generation = item.generation + item.changed
-            local = FILE_BASE + generation * GENERATION_SPAN + self.catalog.beside.file_id
+            local = file_inode(generation, self.catalog.beside.file_id)
             size = None
         return item.inodes.to_global(local), size
 

@@ -129,10 +129,14 @@ class DecodedReads:
 
     # -- decoding -------------------------------------------------------------------------
 
-    async def _source(self, url: str) -> tuple[str, Ref, ChunkDecoding]:
+    def _view_of(self, url: str) -> tuple[DecodedRefSet | None, int]:
+        """The view a decoded file ``url`` is of (``None``: since replaced), its file id."""
         serial, _, file_id = url[len(SCHEME) :].partition("/")
-        view = self._views.get(int(serial))
-        found = await view.chunk_source(int(file_id)) if view is not None else None
+        return self._views.get(int(serial)), int(file_id)
+
+    async def _source(self, url: str) -> tuple[str, Ref, ChunkDecoding]:
+        view, file_id = self._view_of(url)
+        found = await view.chunk_source(file_id) if view is not None else None
         if found is None:
             raise FetchError("a decoded chunk of a reference set since replaced", errno.ESTALE)
         return found
@@ -240,10 +244,9 @@ class DecodedReads:
         """The first run of each shard a reader going through the one the decoded file
         ``url`` lies in reads next, its inner chunks decoded as read-ahead in the
         background; failures are left to the reads."""
-        serial, _, file_id = url[len(SCHEME) :].partition("/")
-        view = self._views.get(int(serial))
+        view, file_id = self._view_of(url)
         try:
-            for source in [] if view is None else await view.next_shards(int(file_id)):
+            for source in [] if view is None else await view.next_shards(file_id):
                 if source.url is None:
                     continue
                 size = source.length

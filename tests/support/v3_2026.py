@@ -116,11 +116,18 @@ def open_authorized(root: Path, data: Path) -> icechunk.Repository:
         )
 
 
-def unknown_grid_repository(root: Path, name: str = "Regular") -> np.ndarray:
+def unknown_grid_repository(
+    root: Path, name: str = "Regular", *, extents: bool = True
+) -> np.ndarray:
     """A repository whose array ``odd`` (10 x 6 int32 in 3 inline chunks of 4 x 6) has a
-    chunk grid named ``name`` (icechunk 2.3 writes only regular and rectilinear grids, so
-    its snapshot's ``"regular"`` is rewritten, same length); the stored chunks, as zarr
+    chunk grid named ``name``, and unless ``extents`` a manifest the snapshot gives no
+    extents.  Icechunk 2.3 writes only regular and rectilinear grids, and every icechunk
+    that writes format 1 or 2 gives each manifest the extents of its chunks (the spec:
+    one range per dimension), so its snapshot is rewritten: ``"regular"`` (same length),
+    and the extents vector's length (0 for 2) before its ranges ``[0, 3), [0, 1)``.  The stored chunks, as zarr
     wrote them (the last padded with the fill value -1)."""
+    import struct
+
     import zstandard
 
     from refmount.icechunk.manifest import HEADER_SIZE
@@ -136,6 +143,10 @@ def unknown_grid_repository(root: Path, name: str = "Regular") -> np.ndarray:
     body = zstandard.ZstdDecompressor().decompressobj().decompress(data[HEADER_SIZE:])
     assert len(name) == len("regular") and body.count(b'"regular"') == 1
     body = body.replace(b'"regular"', f'"{name}"'.encode())
+    if not extents:
+        ranges = struct.pack("<4I", 0, 3, 0, 1)
+        assert body.count(struct.pack("<I", 2) + ranges) == 1
+        body = body.replace(struct.pack("<I", 2) + ranges, struct.pack("<I", 0) + ranges)
     snapshot.write_bytes(data[:HEADER_SIZE] + zstandard.ZstdCompressor().compress(body))
     stored = np.full((12, 6), -1, dtype="<i4")
     stored[:10] = np.arange(60).reshape(10, 6)

@@ -171,10 +171,15 @@ def test_manifests_without_extents_serve_the_chunks_they_hold(tmp_path: Path, mo
         assert icechunk_chunk(root, f"odd/c/{i}/0") == expected
         printed = subprocess.run(["cat", str(chunk)], capture_output=True, check=True).stdout
         assert printed == expected, i
+    for i, values in enumerate(([100, 101], [102, 103], [104, 0])):  # ids beside odd's
+        assert (m.mountpoint / f"plain/c/{i}").read_bytes() == np.array(values, "<i4").tobytes()
     for absent in ("c/3", "c/0/1", "c/3/0", "c/x", "c.0.0", ".zattrs"):
         assert lookup_errno(odd / absent) == errno.ENOENT, absent
         if absent.count("/") == 2:
             assert icechunk_chunk(root, f"odd/{absent}") is None, absent
+    decoded = mount(root, "--decode")
+    listed = os.listdir(decoded.mountpoint)
+    assert "plain" in listed and "odd" not in listed, listed
 
 
 def test_unreadable_manifests_without_extents_are_eio_never_absent(tmp_path: Path, mount) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from refmount.errors import FetchError, RefsError
 from refmount.icechunk.containers import Containers
-from refmount.icechunk.index import ArrayIndex
+from refmount.icechunk.index import ArrayIndex, covered_grid
 from refmount.icechunk.keys import ChunkKeys
 from refmount.icechunk.location import Location, storage
 from refmount.icechunk.manifest import INLINE, NATIVE, VIRTUAL, ArrayRefs, ManifestError
@@ -92,6 +92,17 @@ def test_index_sorted_compact_and_joined_across_manifests() -> None:
     assert [index.checksum_of(row) for row in range(4)] == [None, None, date, etag]
     assert index.row(1) is None and index.row(4) == 3
     assert [c.tolist() for c in index.present(1, 4)] == [[2, 3], [7, 7]]
+
+
+def test_covered_grid_of_manifests_without_extents() -> None:
+    """The chunks held, within a part's extents where it has some of the rank."""
+    first = refs([[0, 4], [2, 1]], [NATIVE, NATIVE], [0, 0], ["X"], [])
+    second = refs([[6, 0], [9, 9]], [NATIVE, NATIVE], [0, 0], ["X"], [])
+    parts = [(first, [], ()), (second, [], ((0, 8), (0, 8)))]
+    assert covered_grid(parts, 2) == (7, 5)  # [9, 9] lies outside its part's extents
+    assert covered_grid([], 3) == (0, 0, 0)
+    with pytest.raises(ManifestError, match="3 dimensions in an array of 2"):
+        covered_grid([(refs([[0, 0, 0]], [NATIVE], [0], ["X"], []), [], ())], 2)
 
 
 def test_index_refuses_what_cannot_be() -> None:

@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import re
+import subprocess
 import time
 import warnings
 from pathlib import Path
@@ -126,6 +127,83 @@ def test_a_grid_refmount_cannot_read_serves_the_manifests_keys(tmp_path: Path, m
     decoded = mount(tmp_path / "repo", "--decode")
     assert "odd" not in os.listdir(decoded.mountpoint)
     assert "'Regular'" in decoded.log()
+
+
+def lookup_errno(path: Path) -> int | None:
+    """The errno a ``stat`` of ``path`` answers (None: it exists)."""
+    try:
+        path.stat()
+    except OSError as exc:
+        return exc.errno
+    return None
+
+
+def icechunk_chunk(root: Path, key: str) -> bytes | None:
+    """What icechunk 2.3 itself reads at ``key`` on ``main`` (None: absent)."""
+    import asyncio
+
+    from zarr.core.buffer import default_buffer_prototype
+
+    store = open_authorized(root, root).readonly_session("main").store
+    found = asyncio.run(store.get(key, default_buffer_prototype()))
+    return None if found is None else found.to_bytes()
+
+
+def test_manifests_without_extents_serve_the_chunks_they_hold(tmp_path: Path, mount) -> None:
+    """An unknown grid whose manifest gives no extents (a snapshot no icechunk writes:
+    rewritten): its keys are the chunks the manifest holds, read on the first lookup
+    under the array, not at the mount's start; the bytes icechunk reads; a key beyond
+    them is absent, as icechunk says."""
+    root = tmp_path / "repo"
+    stored = unknown_grid_repository(root, extents=False)
+    m = mount(root, "--log-level", "INFO")
+    odd = m.mountpoint / "odd"
+    assert sorted(os.listdir(odd)) == ["c", "zarr.json"]
+    assert json.loads((odd / "zarr.json").read_bytes())["chunk_grid"]["name"] == "Regular"
+    assert "chunk references" not in m.log()  # not read yet
+    assert sorted(os.listdir(odd / "c")) == ["0", "1", "2"]
+    assert "odd: 3 chunk references" in m.log() and "on a grid of [3, 1]" in m.log()
+    for i in range(3):
+        chunk = odd / "c" / str(i) / "0"
+        assert os.listdir(chunk.parent) == ["0"]
+        assert chunk.stat().st_size == 96
+        expected = stored[4 * i : 4 * i + 4].tobytes()
+        assert icechunk_chunk(root, f"odd/c/{i}/0") == expected
+        printed = subprocess.run(["cat", str(chunk)], capture_output=True, check=True).stdout
+        assert printed == expected, i
+    for i, values in enumerate(([100, 101], [102, 103], [104, 0])):  # ids beside odd's
+        assert (m.mountpoint / f"plain/c/{i}").read_bytes() == np.array(values, "<i4").tobytes()
+    for absent in ("c/3", "c/0/1", "c/3/0", "c/x", "c.0.0", ".zattrs"):
+        assert lookup_errno(odd / absent) == errno.ENOENT, absent
+        if absent.count("/") == 2:
+            assert icechunk_chunk(root, f"odd/{absent}") is None, absent
+    decoded = mount(root, "--decode")
+    listed = os.listdir(decoded.mountpoint)
+    assert "plain" in listed and "odd" not in listed, listed
+
+
+def test_unreadable_manifests_without_extents_are_eio_never_absent(tmp_path: Path, mount) -> None:
+    """The same array whose manifest is gone: its ``zarr.json`` is served, every key it
+    might have (what zarr's default key encoding makes of its rank) is EIO, the listing
+    of its keys too; only what cannot be one of its keys is absent."""
+    root = tmp_path / "repo"
+    unknown_grid_repository(root, extents=False)
+    for manifest in (root / "manifests").iterdir():
+        manifest.unlink()
+    m = mount(root)
+    odd = m.mountpoint / "odd"
+    assert json.loads((odd / "zarr.json").read_bytes())["shape"] == [10, 6]
+    assert sorted(os.listdir(odd)) == ["c", "zarr.json"]
+    with pytest.raises(OSError) as raised:
+        os.listdir(odd / "c")
+    assert raised.value.errno == errno.EIO
+    for key in ("c/0", "c/0/0", "c/2/0", "c/7/9", "c/99/0", "c/0/0/0"):  # c/...: EIO
+        assert lookup_errno(odd / key) == errno.EIO, key
+    for key in ("c.0.0", ".zattrs", "0.0", "d"):
+        assert lookup_errno(odd / key) == errno.ENOENT, key
+    assert "odd: cannot read its manifest" in m.log()
+    done = subprocess.run(["cat", str(odd / "c/1/0")], capture_output=True, text=True)
+    assert done.returncode and "Input/output error" in done.stderr, done
 
 
 # -- the decoded view -----------------------------------------------------------------------

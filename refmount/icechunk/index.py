@@ -147,6 +147,23 @@ class ArrayIndex:
                 "inline": int(counts[INLINE])}  # fmt: skip
 
 
+def covered_grid(parts: Iterable[Part], rank: int) -> tuple[int, ...]:
+    """The chunks along each dimension that the references of ``parts`` cover (each
+    part's inside its extents): the grid of an array whose own refmount cannot read
+    and whose manifests give no extents of its rank.  ManifestError for coordinates of
+    another rank."""
+    grid = np.zeros(rank, np.int64)
+    for refs, _, extents in parts:
+        coords = refs.coords[_within(refs.coords, extents)]
+        if not len(coords):
+            continue
+        if coords.ndim != 2 or coords.shape[1] != rank:
+            raise ManifestError(f"chunk coordinates of {coords.shape[-1]} dimensions in an "
+                                f"array of {rank}")  # fmt: skip
+        grid = np.maximum(grid, coords.max(axis=0).astype(np.int64) + 1)
+    return tuple(grid.tolist())
+
+
 def _within(coords: np.ndarray, extents: tuple[tuple[int, int], ...]) -> np.ndarray:
     """The rows whose coordinates lie inside ``extents`` (all rows without extents)."""
     keep = np.ones(len(coords), dtype=bool)

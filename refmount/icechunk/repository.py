@@ -23,7 +23,7 @@ from typing import Any
 import fsspec.core
 
 from refmount.errors import RefsError
-from refmount.icechunk.index import ArrayIndex, Part
+from refmount.icechunk.index import ArrayIndex, Part, covered_grid
 from refmount.icechunk.location import Location, storage
 from refmount.icechunk.loop import LoopThread
 from refmount.icechunk.manifest import ManifestError, parse_manifest
@@ -164,9 +164,10 @@ class Repository:
         mtime = datetime.fromisoformat(written).timestamp() if written else 0.0
         return nodes, mtime
 
-    def array_index(self, node: Node, grid: tuple[int, ...]) -> ArrayIndex:
+    def array_index(self, node: Node, grid: tuple[int, ...] | None) -> ArrayIndex:
         """Every chunk reference of one array, with the checksums of its virtual chunks,
-        read from its manifest files (ManifestError when one is unusable)."""
+        read from its manifest files (ManifestError when one is unusable); on the grid
+        its chunks cover when ``grid`` is None (see :func:`covered_grid`)."""
         parts: list[Part] = []
         for manifest_id, extents in node.manifests:
             data = self._manifest_bytes(manifest_id)
@@ -174,6 +175,8 @@ class Repository:
             refs = manifest.arrays.get(node.node_id)
             if refs is not None:
                 parts.append((refs, manifest.checksums, extents))
+        if grid is None:
+            grid = covered_grid(parts, len(node.document["shape"]))
         return ArrayIndex.from_manifests(parts, grid)
 
     def _manifest_bytes(self, manifest_id: str) -> bytes:

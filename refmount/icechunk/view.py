@@ -7,6 +7,12 @@ key order; each array then has a block of ids, its base plus a chunk's index in 
 thread, into a compact :class:`~refmount.icechunk.index.ArrayIndex`; the synchronous
 methods answer from what is held and raise :class:`NotLoaded` otherwise.
 
+An array whose chunk grid refmount cannot read takes its grid from its manifests: the
+extents the snapshot gives them, or, when they give none of its rank, the chunks they
+hold, known once its index is read.  Such an array's block of ids is reserved after every
+other's, its keys meanwhile those of an unbounded grid of its rank: what cannot be one of
+its keys answers ENOENT, what can waits for its index (EIO when that cannot be read).
+
 Bytes: inline chunks are held; native chunks are the objects ``chunks/<id>`` of the
 repository's storage and virtual chunks ranges of their URLs, both read by refmount's own
 fetcher and cache.  A chunk the manifest does not hold does not exist.
@@ -47,6 +53,8 @@ MAX_FILE_IDS = 1 << 39
 _FIRST_WINDOW, _MAX_WINDOW = 64, 16384  # chunk indices a listing decodes at a time
 #: The longest chunk a reference may claim: longer is a corrupt or hostile manifest.
 MAX_CHUNK_BYTES = 1 << 34
+#: Chunk coordinates are uint32: every key of an array whose grid is not known yet
+_UNBOUNDED = 1 << 32
 
 
 class NotLoaded(LookupError):
@@ -63,6 +71,10 @@ class _Array:
     lock: trio.Lock | None = None
     #: the entries of the array's own directory before any chunk entry
     own_entries: int = 0
+    #: ``keys`` are provisional until the index gives the grid its chunks cover; the
+    #: ids reserved for them
+    deferred: bool = False
+    span: int = 0
 
 
 class IcechunkRefSet(RefSet):
@@ -80,16 +92,25 @@ class IcechunkRefSet(RefSet):
         self._meta_bytes = [metadata[key] for key in self._meta_keys]
         self._arrays: dict[str, _Array] = {}
         base = len(self._meta_keys)
+        deferred: list[_Array] = []
         for node in sorted((n for n in nodes if n.is_array), key=lambda n: n.path):
-            keys = _chunk_keys(node, self.location.name)
+            keys, provisional = _chunk_keys(node, self.location.name)
+            array = self._arrays[node.path] = _Array(node, keys, base, deferred=provisional)
+            if provisional:
+                deferred.append(array)
+                continue
             if base + keys.count > MAX_FILE_IDS:
                 log.warning("%s: %s: too many chunks (%d); its chunks are not served",
                             self.location.name, node.path, keys.count)  # fmt: skip
-                keys = ChunkKeys((0,) * max(keys.ndim, 1))
-            self._arrays[node.path] = _Array(node, keys, base)
-            base += keys.count
-        self._bases = [array.base for array in self._arrays.values()]
-        self._by_base = list(self._arrays.values())
+                array.keys = ChunkKeys((0,) * max(keys.ndim, 1))
+            base += array.keys.count
+        span = (MAX_FILE_IDS - base) // max(len(deferred), 1)
+        for n, array in enumerate(deferred):
+            array.base, array.span = base + n * span, span
+        # the array holding ids last among those of one base (the others have none)
+        self._by_base = sorted(self._arrays.values(),
+                               key=lambda a: (a.base, a.deferred or a.keys.count > 0))  # fmt: skip
+        self._bases = [array.base for array in self._by_base]
         self._dirs = self._directories(nodes)
         self._listed: dict[int, int] = {}  # see file_size
 
@@ -144,23 +165,39 @@ class IcechunkRefSet(RefSet):
         if found is None:
             return
         array, relative = found
-        if array.index is not None or relative == "zarr.json" or not array.keys.count:
+        keys = array.keys
+        if array.index is not None or relative == "zarr.json" or not keys.count:
             return
-        fixed = array.keys.directory(relative)
-        lists_files = fixed is not None and array.keys.file_range(fixed) is not None
-        if not lists_files and array.keys.parse(relative) is None:
+        fixed = keys.directory(relative)
+        # a provisional grid's directories are known only from the index
+        lists = fixed is not None and (array.deferred or keys.file_range(fixed) is not None)
+        if not lists and keys.parse(relative) is None:
             return
         if array.lock is None:
             array.lock = trio.Lock()
         async with array.lock:
             if array.index is None:
-                array.index = await trio.to_thread.run_sync(self._read_index, array)
+                index = await trio.to_thread.run_sync(self._read_index, array)
+                if array.deferred:
+                    array.keys = self._covered_keys(array, index.grid)
+                array.index = index
+
+    def _covered_keys(self, array: _Array, grid: tuple[int, ...]) -> ChunkKeys:
+        """The keys of a deferred array on the grid its chunks cover, within its ids."""
+        keys = ChunkKeys.from_metadata(array.node.document, grid)
+        if keys.count > array.span:
+            raise FetchError(f"{array.node.path}: its chunks span a grid of {list(grid)}, "
+                             f"over the {array.span} keys one array may have: refused")  # fmt: skip
+        log.info("%s: chunk grid not read: its keys are its manifests' chunks, on a grid "
+                 "of %s", array.node.path, list(grid))  # fmt: skip
+        return keys
 
     def _read_index(self, array: _Array) -> ArrayIndex:
         """The array's index; its failures as FetchError (EIO) naming the array."""
         try:
             with bulk_allocations():  # a hundred temporary arrays of 8 MiB for 1M chunks
-                index = self.repository.array_index(array.node, array.keys.grid)
+                grid = None if array.deferred else array.keys.grid
+                index = self.repository.array_index(array.node, grid)
         except FetchError:
             raise
         except ManifestError as exc:
@@ -180,6 +217,10 @@ class IcechunkRefSet(RefSet):
         if array.index is None:
             raise NotLoaded(f"{array.node.path}: chunk references not loaded")
         return array.index
+
+    def _grid_known(self, array: _Array) -> bool:
+        """Whether the array's keys are its grid's (not a deferred array's provisional)."""
+        return not array.deferred or array.index is not None
 
     # --- keys and file ids -----------------------------------------------------------
 
@@ -287,6 +328,8 @@ class IcechunkRefSet(RefSet):
     def _chunk_children(
         self, array: _Array, fixed: tuple[int, ...], after: int, shift: int
     ) -> Iterator[Child]:
+        if not self._grid_known(array):
+            self._held(array)  # its grid is the index's
         keys = array.keys
         files = keys.file_range(fixed)
         if files is None:  # a directory of index directories: all of the grid's
@@ -315,11 +358,13 @@ class IcechunkRefSet(RefSet):
         if entries is not None:
             count = sum(1 for _, file_id in entries if file_id is None)
             array = self._arrays.get(path)
-            if array is not None and not array.keys.top and array.keys.file_range(()) is None:
+            if array is None or not self._grid_known(array):
+                return count  # a provisional grid's directories are not counted
+            if not array.keys.top and array.keys.file_range(()) is None:
                 count += array.keys.grid[0]
             return count
         found = self._array_of(path)
-        if found is None:
+        if found is None or not self._grid_known(found[0]):
             return 0
         keys = found[0].keys
         fixed = keys.directory(found[1])
@@ -372,10 +417,12 @@ def _meta_key(path: str) -> str:
     return f"{path}/zarr.json" if path else "zarr.json"
 
 
-def _chunk_keys(node: Node, name: str) -> ChunkKeys:
+def _chunk_keys(node: Node, name: str) -> tuple[ChunkKeys, bool]:
     """An array's chunk keys from its ``zarr.json`` (a regular or rectilinear grid), or
-    for a grid refmount cannot read, from its manifests' extents: keys are keys, and the
-    raw view serves every one the manifests hold (their readers know the grid).  Only an
+    for a grid refmount cannot read, from its manifests: keys are keys, and the raw view
+    serves every one the manifests hold (their readers know the grid).  True beside
+    provisional keys (every key of the array's rank): its manifests give no extents of
+    its rank, and its grid is the one its chunks cover, known from its index.  Only an
     array whose keys cannot be known at all has no chunks (its metadata is still
     served), with a warning."""
     document = node.document
@@ -387,20 +434,24 @@ def _chunk_keys(node: Node, name: str) -> ChunkKeys:
             grid = chunk_counts(document["chunk_grid"], shape)
         except GridError as exc:
             grid = _extents_grid(node, len(shape), exc)
-        return ChunkKeys.from_metadata(document, grid)
+        if grid is None:
+            return ChunkKeys.from_metadata(document, (_UNBOUNDED,) * len(shape)), True
+        return ChunkKeys.from_metadata(document, grid), False
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         log.warning("%s: %s: its chunks are not served: %s", name, node.path, exc)
-        return ChunkKeys((0,) * max(len(document.get("shape") or ()), 1))
+        return ChunkKeys((0,) * max(len(document.get("shape") or ()), 1)), False
 
 
-def _extents_grid(node: Node, rank: int, problem: GridError) -> tuple[int, ...]:
+def _extents_grid(node: Node, rank: int, problem: GridError) -> tuple[int, ...] | None:
     """The chunks along each dimension that the array's manifests cover (each manifest's
-    ``[start, stop)`` extents); ``problem`` again when a manifest gives none of ``rank``
-    dimensions."""
+    ``[start, stop)`` extents); None when a manifest gives none of ``rank`` dimensions
+    (then the chunks it holds tell)."""
     grid = [0] * rank
     for _, extents in node.manifests:
         if len(extents) != rank:
-            raise problem
+            log.info("%s: chunk grid not read (%s), no extents of its rank: its keys are "
+                     "the chunks its manifests hold", node.path, problem)  # fmt: skip
+            return None
         grid = [max(n, stop) for n, (_, stop) in zip(grid, extents, strict=True)]
     log.info("%s: chunk grid not read (%s): its keys are the manifests' %s", node.path,
              problem, grid)  # fmt: skip

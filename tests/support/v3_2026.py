@@ -116,11 +116,19 @@ def open_authorized(root: Path, data: Path) -> icechunk.Repository:
         )
 
 
-def unknown_grid_repository(root: Path, name: str = "Regular") -> np.ndarray:
+def unknown_grid_repository(
+    root: Path, name: str = "Regular", *, extents: bool = True
+) -> np.ndarray:
     """A repository whose array ``odd`` (10 x 6 int32 in 3 inline chunks of 4 x 6) has a
-    chunk grid named ``name`` (icechunk 2.3 writes only regular and rectilinear grids, so
-    its snapshot's ``"regular"`` is rewritten, same length); the stored chunks, as zarr
+    chunk grid named ``name`` (beside a regular ``plain``: 100..104 in chunks of 2), and
+    unless ``extents`` a manifest the snapshot gives no extents.  Icechunk 2.3 writes
+    only regular and rectilinear grids, and every icechunk that writes format 1 or 2
+    gives each manifest the extents of its chunks (the spec: one range per dimension),
+    so its snapshot is rewritten: ``"regular"`` (same length), and the extents vector's
+    length (0 for 2) before its ranges ``[0, 3), [0, 1)``.  The stored chunks, as zarr
     wrote them (the last padded with the fill value -1)."""
+    import struct
+
     import zstandard
 
     from refmount.icechunk.manifest import HEADER_SIZE
@@ -128,14 +136,23 @@ def unknown_grid_repository(root: Path, name: str = "Regular") -> np.ndarray:
     icechunk.set_logs_filter("error")
     repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(root)))
     session = repo.writable_session("main")
-    zarr.open_group(session.store).create_array(
+    group = zarr.open_group(session.store)
+    group.create_array(
         "odd", shape=(10, 6), chunks=(4, 6), dtype="<i4", fill_value=-1, compressors=None
     )[...] = np.arange(60, dtype="<i4").reshape(10, 6)
+    group.create_array("plain", shape=(5,), chunks=(2,), dtype="<i4", compressors=None)[...] = (
+        np.arange(5, dtype="<i4") + 100
+    )
     snapshot = root / "snapshots" / session.commit("an unknown chunk grid")
     data = snapshot.read_bytes()
     body = zstandard.ZstdDecompressor().decompressobj().decompress(data[HEADER_SIZE:])
-    assert len(name) == len("regular") and body.count(b'"regular"') == 1
-    body = body.replace(b'"regular"', f'"{name}"'.encode())
+    grid = b'"regular",\n    "configuration": {\n      "chunk_shape": [\n        4,'  # odd's
+    assert len(name) == len("regular") and body.count(grid) == 1
+    body = body.replace(grid, grid.replace(b"regular", name.encode()))
+    if not extents:
+        ranges = struct.pack("<4I", 0, 3, 0, 1)
+        assert body.count(struct.pack("<I", 2) + ranges) == 1
+        body = body.replace(struct.pack("<I", 2) + ranges, struct.pack("<I", 0) + ranges)
     snapshot.write_bytes(data[:HEADER_SIZE] + zstandard.ZstdCompressor().compress(body))
     stored = np.full((12, 6), -1, dtype="<i4")
     stored[:10] = np.arange(60).reshape(10, 6)

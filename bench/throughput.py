@@ -154,6 +154,36 @@ class Sizes:
                    distinct_files=2000)  # fmt: skip
 
 
+class WireLog:
+    """What the requests since the last look spoke to nginx, from its wire log
+    (``tests.support.nginx.WIRE_FORMAT``): each row says which HTTP version, TLS version
+    and cipher it was measured with and over how many connections, so that the limit
+    and refmount are seen to be measured alike (issue 28: one GET per chunk over
+    HTTP/1.1 for both, no HTTP/2 multiplexing)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def take(self) -> str:
+        """``"2000 requests: HTTP/1.1 TLSv1.2 ECDHE-ECDSA-AES256-GCM-SHA384, 17
+        connections"`` for the lines logged since the last call (nginx logs a request
+        when it is done with it: the last few of a row may be counted with the next)."""
+        with self.path.open("rb") as log_file:
+            log_file.seek(self.offset)
+            data = log_file.read()
+        end = data.rfind(b"\n") + 1  # a line nginx is still writing waits for next time
+        self.offset += end
+        complete = data[:end].decode("ascii", "replace").splitlines()
+        spoken: dict[str, set[str]] = {}
+        for line in complete:
+            version, tls, cipher, connection = line.split()
+            wire = f"{version} {tls} {cipher}" if tls != "-" else f"{version} plain"
+            spoken.setdefault(wire, set()).add(connection)
+        parts = [f"{wire}, {len(c)} connections" for wire, c in sorted(spoken.items())]
+        return f"{len(complete)} requests: " + "; ".join(parts)
+
+
 @dataclass
 class Setup:
     sizes: Sizes
@@ -176,6 +206,7 @@ class Setup:
     #: Over other protocols: (reference set, base URL of the data) by protocol.
     protocol_refs: dict[str, tuple[Path, str]] = field(default_factory=dict)
     ca: Path | None = None  # the CA of nginx's TLS certificate
+    wire: WireLog | None = None  # nginx's log of what each request spoke
 
 
 @dataclass
@@ -184,6 +215,8 @@ class Result:
     cpu: list[float] = field(default_factory=list)  # the daemon's CPU seconds, FUSE systems
     #: Of ``cpu``, its child processes' (the decode workers).
     child_cpu: list[float] = field(default_factory=list)
+    #: What each round spoke to nginx (:class:`WireLog`).
+    wire: list[str] = field(default_factory=list)
     error: str | None = None
 
     def median(self) -> float | None:
@@ -634,6 +667,8 @@ def record(
     child_cpu: float | None = None,
 ) -> None:
     results[name][workload].seconds.append(seconds)
+    if setup.wire is not None:
+        results[name][workload].wire.append(setup.wire.take())
     shown = ""
     if cpu is not None:
         results[name][workload].cpu.append(cpu)
@@ -755,14 +790,18 @@ def rate(setup: Setup, workload: str, seconds: float) -> float:
 
 @contextlib.contextmanager
 def data_server(
-    kind: str, root: Path, delay: float, certificates: Certificates | None = None
+    kind: str,
+    root: Path,
+    delay: float,
+    certificates: Certificates | None = None,
+    wire_log: Path | None = None,
 ) -> Iterator[NginxServer]:
     if kind != "nginx":
         if certificates is not None:
             raise RuntimeError("https:// and s3:// are measured against nginx only")
         server: Any = RangeServer(root, delay=delay)
     else:
-        server = NginxServer(root, delay=delay, tls=certificates)
+        server = NginxServer(root, delay=delay, tls=certificates, wire_log=wire_log)
     with server:
         yield server
 
@@ -798,9 +837,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         bucket = data / S3_BUCKET
         if not bucket.is_symlink():
             bucket.symlink_to(".")  # path-style s3 GETs: /bucket/chunks.bin
-    with data_server(args.server, data, args.delay, certificates) as server:
+    wire_log = work / "nginx-wire.log"
+    wire_log.unlink(missing_ok=True)
+    with data_server(args.server, data, args.delay, certificates, wire_log) as server:
         setup = build(work, sizes, data, server.url, args)
         setup.ca = certificates.ca if certificates else None
+        if args.server == "nginx":
+            setup.wire = WireLog(wire_log)
+            setup.wire.take()  # nginx's start and the set's build
         for over in args.protocols:
             if over != "http":
                 url = server.https_url
@@ -858,6 +902,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "decoded_bytes": workload_bytes(setup, "W3z") if setup.zarr_stored else 0,
         },
         "errors": {s: {w: r.error for w, r in results[s].items() if r.error} for s in SYSTEMS},
+        "wire": {s: {w: r.wire for w, r in results[s].items() if r.wire} for s in SYSTEMS},
         "peak_rss_mib": {s: kib / 1024 for s, kib in rss.items()},
         "machine": {
             "cpus": os.cpu_count(),
@@ -1005,9 +1050,21 @@ def markdown(report: dict[str, Any]) -> str:
             target = ""
         lines.append(f"Peak RSS of the {name} daemon: {mib:.0f} MiB{target}.")
     lines += [f"Note: {note}." for note in report["notes"]]
+    lines += wire_lines(report, systems)
     for name, errors in report["errors"].items():
         lines += [f"Error: {name} {w}: {error}" for w, error in errors.items()]
     return "\n".join(lines) + "\n"
+
+
+def wire_lines(report: dict[str, Any], systems: list[str]) -> list[str]:
+    """What each row spoke to nginx, round by round (from its wire log)."""
+    wire = report.get("wire", {})
+    lines = []
+    for w in report["rows"]:
+        for s in systems:
+            if rounds := wire.get(s, {}).get(w):
+                lines.append(f"Wire: {s} {w}: " + " | ".join(rounds))
+    return lines
 
 
 def zarr_lines(report: dict[str, Any], systems: list[str]) -> list[str]:

@@ -181,6 +181,8 @@ class WireLog:
             version, tls, cipher, connection = line.split()
             wire = f"{version} {tls} {cipher}" if tls != "-" else f"{version} plain"
             spoken.setdefault(wire, set()).add(connection)
+        if not complete:
+            return "no requests"
         parts = [f"{wire}, {len(c)} connections" for wire, c in sorted(spoken.items())]
         return f"{len(complete)} requests: " + "; ".join(parts)
 

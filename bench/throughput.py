@@ -47,7 +47,10 @@ markdown table with issue 15's targets (stdout and ``results.md``), a table of e
 daemon's CPU seconds per GB and per chunk file (user + system of all its threads, read
 from ``/proc`` before and after each workload: steadier than rates on a shared machine),
 ``results.csv`` and ``results.json`` in ``--out``; the daemons' peak RSS is checked
-against budget + 150 MB.
+against budget + 150 MB.  For the cold rows a third table splits the CPU a chunk file
+costs the machine: the client (the limit's process, or the daemon), the reader
+processes and nginx (:class:`CpuMeter`); and a ``Wire:`` line per row says what its
+requests spoke to nginx (HTTP and TLS versions, cipher, connections: :class:`WireLog`).
 """
 
 from __future__ import annotations

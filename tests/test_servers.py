@@ -380,9 +380,18 @@ def test_nginx_wire_log_says_what_each_request_spoke(tmp_path: Path) -> None:
     (root / "data.bin").write_bytes(bytes(range(256)) * 64)
     certificates = make_certificates(tmp_path / "tls")
     log_path = tmp_path / "wire.log"
+
+    def logged(lines: int) -> None:
+        """Wait until nginx has logged ``lines`` requests (it logs one when done with it,
+        which may be after its client has the answer)."""
+        deadline = time.monotonic() + TIMEOUT
+        while len(log_path.read_text().splitlines()) < lines and time.monotonic() < deadline:
+            time.sleep(0.02)
+
     with NginxServer(root, tls=certificates, wire_log=log_path) as server:
         wire = WireLog(log_path)
-        wire.take()  # the start-up probe
+        logged(1)
+        assert wire.take() == "1 requests: HTTP/1.1 plain, 1 connections"  # the start-up probe
         plain = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)
         for start in (0, 100):  # two ranges on one kept-alive connection
             plain.request("GET", "/data.bin", headers={"Range": f"bytes={start}-{start + 9}"})
@@ -398,9 +407,7 @@ def test_nginx_wire_log_says_what_each_request_spoke(tmp_path: Path) -> None:
         assert (answer.status, answer.read()) == (206, bytes([5, 6]))
         cipher = secure.sock.cipher()
         secure.close()
-        deadline = time.monotonic() + TIMEOUT
-        while len(log_path.read_text().splitlines()) < 4 and time.monotonic() < deadline:
-            time.sleep(0.02)  # nginx logs a request once it is done with it
+        logged(4)
         spoken = wire.take()
     assert spoken == (
         f"3 requests: HTTP/1.1 {cipher[1]} {cipher[0]}, 1 connections; "

@@ -47,7 +47,10 @@ markdown table with issue 15's targets (stdout and ``results.md``), a table of e
 daemon's CPU seconds per GB and per chunk file (user + system of all its threads, read
 from ``/proc`` before and after each workload: steadier than rates on a shared machine),
 ``results.csv`` and ``results.json`` in ``--out``; the daemons' peak RSS is checked
-against budget + 150 MB.
+against budget + 150 MB.  For the cold rows a third table splits the CPU a chunk file
+costs the machine: the client (the limit's process, or the daemon), the reader
+processes and nginx (:class:`CpuMeter`); and a ``Wire:`` line per row says what its
+requests spoke to nginx (HTTP and TLS versions, cipher, connections: :class:`WireLog`).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ import json
 import logging
 import os
 import random
+import resource
 import shutil
 import signal
 import statistics
@@ -154,6 +158,71 @@ class Sizes:
                    distinct_files=2000)  # fmt: skip
 
 
+class WireLog:
+    """What the requests since the last look spoke to nginx, from its wire log
+    (``tests.support.nginx.WIRE_FORMAT``): each row says which HTTP version, TLS version
+    and cipher it was measured with and over how many connections, so that the limit
+    and refmount are seen to be measured alike (issue 28: one GET per chunk over
+    HTTP/1.1 for both, no HTTP/2 multiplexing)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def take(self) -> str:
+        """``"2000 requests: HTTP/1.1 TLSv1.2 ECDHE-ECDSA-AES256-GCM-SHA384, 17
+        connections"`` for the lines logged since the last call (nginx logs a request
+        when it is done with it: the last few of a row may be counted with the next)."""
+        with self.path.open("rb") as log_file:
+            log_file.seek(self.offset)
+            data = log_file.read()
+        end = data.rfind(b"\n") + 1  # a line nginx is still writing waits for next time
+        self.offset += end
+        complete = data[:end].decode("ascii", "replace").splitlines()
+        spoken: dict[str, set[str]] = {}
+        for line in complete:
+            version, tls, cipher, connection = line.split()
+            wire = f"{version} {tls} {cipher}" if tls != "-" else f"{version} plain"
+            spoken.setdefault(wire, set()).add(connection)
+        if not complete:
+            return "no requests"
+        parts = [f"{wire}, {len(c)} connections" for wire, c in sorted(spoken.items())]
+        return f"{len(complete)} requests: " + "; ".join(parts)
+
+
+class CpuMeter:
+    """The CPU a row costs the machine beside its client's own: the readers (``cat``,
+    ``dd``: this process's reaped children) and the server (nginx and its workers), and
+    this process's own (the in-process limit's client).  On two shared cores these
+    compete with the daemon, so a row is compared by all three (issue 28)."""
+
+    def __init__(self, server_pid: int | None) -> None:
+        self.server_pid = server_pid
+        self._start: dict[str, float] | None = None
+
+    def _now(self) -> dict[str, float]:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        readers = resource.getrusage(resource.RUSAGE_CHILDREN)
+        server = tree_cpu_seconds(self.server_pid) if self.server_pid else 0.0
+        return {
+            "own": own.ru_utime + own.ru_stime,
+            "readers": readers.ru_utime + readers.ru_stime,
+            "server": server,
+        }
+
+    def start(self) -> None:
+        """Begin a row's timed part (after the page cache is dropped: that is no row's)."""
+        self._start = self._now()
+
+    def take(self) -> dict[str, float] | None:
+        """CPU seconds by side since :meth:`start`; None when no row was started."""
+        if self._start is None:
+            return None
+        now, began = self._now(), self._start
+        self._start = None
+        return {side: now[side] - began[side] for side in now}
+
+
 @dataclass
 class Setup:
     sizes: Sizes
@@ -176,6 +245,8 @@ class Setup:
     #: Over other protocols: (reference set, base URL of the data) by protocol.
     protocol_refs: dict[str, tuple[Path, str]] = field(default_factory=dict)
     ca: Path | None = None  # the CA of nginx's TLS certificate
+    wire: WireLog | None = None  # nginx's log of what each request spoke
+    meter: CpuMeter | None = None  # CPU of the readers and of nginx, row by row
 
 
 @dataclass
@@ -184,6 +255,10 @@ class Result:
     cpu: list[float] = field(default_factory=list)  # the daemon's CPU seconds, FUSE systems
     #: Of ``cpu``, its child processes' (the decode workers).
     child_cpu: list[float] = field(default_factory=list)
+    #: What each round spoke to nginx (:class:`WireLog`).
+    wire: list[str] = field(default_factory=list)
+    #: Each round's CPU seconds on the machine's side of the row (:class:`CpuMeter`).
+    machine: list[dict[str, float]] = field(default_factory=list)
     error: str | None = None
 
     def median(self) -> float | None:
@@ -339,6 +414,11 @@ def cpu_cell(sizes: dict[str, int], workload: str, cpu: float | None) -> str:
 # -- in-process systems -----------------------------------------------------------------
 
 
+def start_meter(setup: Setup) -> None:
+    if setup.meter is not None:
+        setup.meter.start()
+
+
 def drop_caches() -> None:
     """Empty the kernel's page cache (the server's files too), as after a reboot."""
     os.sync()
@@ -354,6 +434,7 @@ def run_limit(setup: Setup, workload: str) -> float:
     import fsspec.asyn
 
     fs = fsspec.filesystem("http", skip_instance_cache=True)
+    start_meter(setup)
     if workload == "W3":
         ranges = [
             (f"{setup.url}/chunks.bin", int(key[2:]) * CHUNK)
@@ -409,6 +490,7 @@ def run_obstore_limit(setup: Setup, workload: str) -> float:
     store, _ = obstore_store(setup, protocol(workload))
     if workload in COLD:
         drop_caches()
+    start_meter(setup)
     began = time.perf_counter()
     if base(workload) == "W2c":
         got = sum(len(piece) for piece in obstore.get(store, "chunks.bin").stream())
@@ -634,6 +716,12 @@ def record(
     child_cpu: float | None = None,
 ) -> None:
     results[name][workload].seconds.append(seconds)
+    if setup.meter is not None and (machine := setup.meter.take()) is not None:
+        if cpu is not None:
+            machine["own"] = cpu  # the client is the daemon, not this process
+        results[name][workload].machine.append(machine)
+    if setup.wire is not None:
+        results[name][workload].wire.append(setup.wire.take())
     shown = ""
     if cpu is not None:
         results[name][workload].cpu.append(cpu)
@@ -680,6 +768,7 @@ def measure_fuse(
                         if base(workload) in COLD:
                             drop_caches()
                         cpu_before, own_before = tree_cpu_seconds(pid), own_cpu_seconds(pid)
+                        start_meter(setup)
                         seconds = run_commands(mountpoint, setup, workload)
                         cpu = tree_cpu_seconds(pid) - cpu_before
                         helpers = max(0.0, cpu - (own_cpu_seconds(pid) - own_before))
@@ -755,14 +844,18 @@ def rate(setup: Setup, workload: str, seconds: float) -> float:
 
 @contextlib.contextmanager
 def data_server(
-    kind: str, root: Path, delay: float, certificates: Certificates | None = None
+    kind: str,
+    root: Path,
+    delay: float,
+    certificates: Certificates | None = None,
+    wire_log: Path | None = None,
 ) -> Iterator[NginxServer]:
     if kind != "nginx":
         if certificates is not None:
             raise RuntimeError("https:// and s3:// are measured against nginx only")
         server: Any = RangeServer(root, delay=delay)
     else:
-        server = NginxServer(root, delay=delay, tls=certificates)
+        server = NginxServer(root, delay=delay, tls=certificates, wire_log=wire_log)
     with server:
         yield server
 
@@ -798,9 +891,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         bucket = data / S3_BUCKET
         if not bucket.is_symlink():
             bucket.symlink_to(".")  # path-style s3 GETs: /bucket/chunks.bin
-    with data_server(args.server, data, args.delay, certificates) as server:
+    wire_log = work / "nginx-wire.log"
+    wire_log.unlink(missing_ok=True)
+    with data_server(args.server, data, args.delay, certificates, wire_log) as server:
         setup = build(work, sizes, data, server.url, args)
         setup.ca = certificates.ca if certificates else None
+        setup.meter = CpuMeter(getattr(server, "pid", None))
+        if args.server == "nginx":
+            setup.wire = WireLog(wire_log)
+            setup.wire.take()  # nginx's start and the set's build
         for over in args.protocols:
             if over != "http":
                 url = server.https_url
@@ -858,6 +957,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "decoded_bytes": workload_bytes(setup, "W3z") if setup.zarr_stored else 0,
         },
         "errors": {s: {w: r.error for w, r in results[s].items() if r.error} for s in SYSTEMS},
+        "wire": {s: {w: r.wire for w, r in results[s].items() if r.wire} for s in SYSTEMS},
+        "machine_cpu_seconds": {
+            s: {w: _median_sides(r.machine) for w, r in results[s].items() if r.machine}
+            for s in SYSTEMS
+        },
         "peak_rss_mib": {s: kib / 1024 for s, kib in rss.items()},
         "machine": {
             "cpus": os.cpu_count(),
@@ -865,6 +969,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "load": os.getloadavg()[0],
         },
     }
+
+
+def _median_sides(rounds: list[dict[str, float]]) -> dict[str, float]:
+    return {side: statistics.median(r[side] for r in rounds) for side in rounds[0]}
 
 
 def parse_size(text: str) -> int:
@@ -1004,10 +1112,51 @@ def markdown(report: dict[str, Any]) -> str:
         else:
             target = ""
         lines.append(f"Peak RSS of the {name} daemon: {mib:.0f} MiB{target}.")
+    lines += machine_lines(report, systems)
     lines += [f"Note: {note}." for note in report["notes"]]
+    lines += wire_lines(report, systems)
     for name, errors in report["errors"].items():
         lines += [f"Error: {name} {w}: {error}" for w, error in errors.items()]
     return "\n".join(lines) + "\n"
+
+
+def machine_lines(report: dict[str, Any], systems: list[str]) -> list[str]:
+    """What a chunk costs the machine in each row: the client (the limit's process, or
+    the daemon), the reader processes and the server, in ms, medians of rounds."""
+    machine = report.get("machine_cpu_seconds", {})
+    rows = []
+    for w in report["rows"]:
+        chunks = chunks_of(report["sizes"], w)
+        for s in systems:
+            sides = machine.get(s, {}).get(w)
+            if chunks and sides:
+                ms = {side: seconds / chunks * 1000 for side, seconds in sides.items()}
+                total = sum(ms.values())
+                rows.append(f"| {w} | {s} | {ms['own']:.2f} | {ms['readers']:.2f} | "
+                            f"{ms['server']:.2f} | {total:.2f} |")  # fmt: skip
+    if not rows:
+        return []
+    return [
+        "",
+        "CPU per chunk file on the machine (ms, medians of rounds; the server's and the "
+        "readers' compete with the client for the same cores):",
+        "",
+        "| workload | system | client (its process, or the daemon) | readers | server | all |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
+def wire_lines(report: dict[str, Any], systems: list[str]) -> list[str]:
+    """What each row spoke to nginx, round by round (from its wire log)."""
+    wire = report.get("wire", {})
+    lines = []
+    for w in report["rows"]:
+        for s in systems:
+            if rounds := wire.get(s, {}).get(w):
+                lines.append(f"Wire: {s} {w}: " + " | ".join(rounds))
+    return lines
 
 
 def zarr_lines(report: dict[str, Any], systems: list[str]) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import os
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -365,3 +366,51 @@ def test_moto_round_trip_through_s3fs() -> None:
         assert fs.cat_file("bucket/dir/key.bin", start=10, end=1010) == payload[10:1010]
         assert fs.cat_file("bucket/dir/key.bin") == payload
         assert fs.size("bucket/dir/key.bin") == len(payload)
+
+
+def test_nginx_wire_log_says_what_each_request_spoke(tmp_path: Path) -> None:
+    """The benchmark's ``Wire:`` lines come from this log: HTTP version, TLS version and
+    cipher, and the connection, for each request, over plain http and over TLS."""
+    from bench.throughput import WireLog
+    from tests.support.certificates import make_certificates
+    from tests.support.nginx import NginxServer
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "data.bin").write_bytes(bytes(range(256)) * 64)
+    certificates = make_certificates(tmp_path / "tls")
+    log_path = tmp_path / "wire.log"
+
+    def logged(lines: int) -> None:
+        """Wait until nginx has logged ``lines`` requests (it logs one when done with it,
+        which may be after its client has the answer)."""
+        deadline = time.monotonic() + TIMEOUT
+        while len(log_path.read_text().splitlines()) < lines and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    with NginxServer(root, tls=certificates, wire_log=log_path) as server:
+        wire = WireLog(log_path)
+        logged(1)
+        assert wire.take() == "1 requests: HTTP/1.1 plain, 1 connections"  # the start-up probe
+        plain = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)
+        for start in (0, 100):  # two ranges on one kept-alive connection
+            plain.request("GET", "/data.bin", headers={"Range": f"bytes={start}-{start + 9}"})
+            answer = plain.getresponse()
+            assert (answer.status, answer.read()) == (206, bytes(range(start, start + 10)))
+        plain.close()
+        context = ssl.create_default_context(cafile=str(certificates.ca))
+        secure = http.client.HTTPSConnection(
+            "127.0.0.1", server.tls_port, timeout=TIMEOUT, context=context
+        )
+        secure.request("GET", "/data.bin", headers={"Range": "bytes=5-6"})
+        answer = secure.getresponse()
+        assert (answer.status, answer.read()) == (206, bytes([5, 6]))
+        cipher = secure.sock.cipher()
+        secure.close()
+        logged(4)
+        spoken = wire.take()
+    assert spoken == (
+        f"3 requests: HTTP/1.1 {cipher[1]} {cipher[0]}, 1 connections; "
+        "HTTP/1.1 plain, 1 connections"
+    )
+    assert wire.take() == "no requests"

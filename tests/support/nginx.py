@@ -21,6 +21,9 @@ from tests.support.servers import HOST, _Subprocess, free_port
 
 ECHO_MODULE = Path("/usr/lib/nginx/modules/ngx_http_echo_module.so")
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+#: A request's line in the wire log: HTTP version, TLS version and cipher ("-" over
+#: plain http), and nginx's serial number of the connection it came on.
+WIRE_FORMAT = "$server_protocol $ssl_protocol $ssl_cipher $connection"
 
 
 def nginx_available() -> str | None:
@@ -40,14 +43,19 @@ def nginx_config(
     *,
     autoindex: bool = False,
     tls: tuple[int, Certificates] | None = None,
+    wire_log: Path | None = None,
 ) -> str:
     """A one-server configuration: ``root`` on 127.0.0.1:``port``, ranges honoured,
-    no compression, no access log; ``delay`` seconds before each data answer;
+    no compression; ``delay`` seconds before each data answer;
     ``autoindex``: a directory's URL answers an index page of its entries (what a
     catalog over HTTP and rclone's http remote read); ``tls``: the same over TLS on a
-    second port, with that certificate."""
+    second port, with that certificate; ``wire_log``: a line per request in that file
+    with what was spoken (:data:`WIRE_FORMAT`), else no access log."""
     wait = f"echo_sleep {delay:.3f};\n            echo_exec @static;" if delay > 0 else ""
     listing = "autoindex on;" if autoindex else ""
+    access = "access_log off;"
+    if wire_log is not None:
+        access = f"log_format wire '{WIRE_FORMAT}';\n    access_log {wire_log} wire;"
     secure = ""
     if tls is not None:
         tls_port, files = tls
@@ -65,7 +73,7 @@ pid {prefix}/nginx.pid;
 error_log stderr warn;
 events {{ worker_connections 1024; }}
 http {{
-    access_log off;
+    {access}
     sendfile on;
     # tcp_nopush (TCP_CORK) holds the last partial segment of an answer whose length is
     # not a multiple of the segment size until the client's delayed ACK: 40-44 ms more
@@ -111,9 +119,11 @@ class NginxServer(_Subprocess):
         startup_timeout: float = 20.0,
         autoindex: bool = False,
         tls: Certificates | None = None,
+        wire_log: Path | None = None,
     ) -> None:
         super().__init__()
         self.tls = tls
+        self.wire_log = wire_log
         self.tls_port = 0
         self.root = Path(root).resolve()
         self.delay = delay
@@ -150,8 +160,9 @@ class NginxServer(_Subprocess):
         """nginx's configuration, its scratch files under ``prefix``."""
         tls = None if self.tls is None else (self.tls_port, self.tls)
         return nginx_config(
-            self.root, self.port, self.delay, prefix, autoindex=self.autoindex, tls=tls
-        )
+            self.root, self.port, self.delay, prefix, autoindex=self.autoindex, tls=tls,
+            wire_log=self.wire_log,
+        )  # fmt: skip
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from refmount import backoff as backoff_module
+from refmount.backoff import Backoff
 from refmount.catalog.catalog import Catalog
 from refmount.catalog.inodes import RANGE_BITS, CatalogDirs, InodeSpaceFull, Ranges, SetInodes
 from refmount.catalog.lru import LoadedSets
@@ -318,6 +320,31 @@ def test_a_broken_set_fails_alone_and_waits_before_trying_again(tmp_path: Path) 
 
     trio.run(main)
     assert loads.count(str(tmp_path / "bad.json")) == 1  # within its back-off: not again
+
+
+def test_a_failure_is_remembered_for_a_back_off_that_doubles(monkeypatch) -> None:
+    """The mechanism behind a catalog's broken set and an Icechunk array's failed
+    manifests: the same failure at once within the back-off, a try after it, each
+    failure in a row twice as long up to the bound; a success forgets."""
+    now = [100.0]
+    monkeypatch.setattr(backoff_module.time, "monotonic", lambda: now[0])
+    remembered = Backoff(30.0, 100.0)
+    remembered.check()  # nothing failed yet
+    waits = []
+    for attempt in range(4):
+        waits.append(remembered.failed(f"failure {attempt}"))
+        now[0] += waits[-1] - 0.001
+        with pytest.raises(FetchError, match=f"failure {attempt}"):
+            remembered.check()
+        now[0] += 0.001
+        remembered.check()  # the back-off has passed: try again
+    assert waits == [30.0, 60.0, 100.0, 100.0]
+    remembered.failed("again")
+    remembered.forget()  # what failed changed: at once, the back-off still grown
+    remembered.check()
+    assert remembered.failed("once more") == 100.0
+    remembered.succeeded()
+    assert remembered.error is None and remembered.failed("new") == 30.0
 
 
 def test_a_refresh_adds_removes_and_reloads_changed_sets(tmp_path: Path) -> None:

@@ -407,7 +407,8 @@ def test_every_key_of_the_mounted_index_equals_icechunks_iterator(by_hand) -> No
         arrays = [node for node in nodes if node.is_array]
         assert {node.path for node in arrays} == {"virt", "many", "native", "big"}
         for node in arrays:
-            keys, _ = _chunk_keys(node, "repo")
+            keys, _, refused = _chunk_keys(node)
+            assert refused is None, refused
             index = opened.array_index(node, keys.grid)
             got = {}
             for row, chunk in enumerate(index.indices.tolist()):

@@ -28,12 +28,15 @@ from refmount.decode.v3.shards import GROUP
 from tests.support import reader_runs
 from tests.support.reader_datasets import write_datasets
 from tests.support.reader_runs import EQUAL
+from tests.support.servers import RangeServer
 from tests.support.v3_2026 import (
     LEFT_OUT,
     codec_store,
+    manifest_ids,
     open_authorized,
     relative_repository,
     unknown_grid_repository,
+    unserved_keys_repository,
 )
 from tests.support.v3_sets import icechunk_refs, store_refs, write_refs
 
@@ -204,6 +207,90 @@ def test_unreadable_manifests_without_extents_are_eio_never_absent(tmp_path: Pat
     assert "odd: cannot read its manifest" in m.log()
     done = subprocess.run(["cat", str(odd / "c/1/0")], capture_output=True, text=True)
     assert done.returncode and "Input/output error" in done.stderr, done
+
+
+def test_an_array_whose_keys_cannot_be_served_is_eio_never_absent(tmp_path: Path, mount) -> None:
+    """An array over the mount's file ids (``big``: 2**40 keys) and one whose key
+    encoding refmount does not know (``odd``): their ``zarr.json`` is served, every key
+    they might have is EIO (zarr fails, where it read ``big`` as fill values), what
+    cannot be one of their keys absent; one warning each at mount, one at the first
+    failed lookup, none per lookup after; the decoded view the same."""
+    root = tmp_path / "repo"
+    values = unserved_keys_repository(root)
+    m = mount(root)
+    big, odd = m.mountpoint / "big", m.mountpoint / "odd"
+    assert json.loads((big / "zarr.json").read_bytes())["shape"] == [1 << 20, 1 << 20]
+    assert json.loads((odd / "zarr.json").read_bytes())["shape"] == [4, 4]
+    eio = ["big/c/0/0", "big/c/5/9", "big/c/1/1", "big/c/0", "odd/c/0/0", "odd/c/1/1", "odd/c/9/9"]
+    absent = ["big/.zattrs", "big/c/x", "big/c.0.0", "big/c/1048576/0", "odd/.zarray", "odd/c/x"]
+    for key in eio:
+        assert lookup_errno(m.mountpoint / key) == errno.EIO, key
+    for key in absent:
+        assert lookup_errno(m.mountpoint / key) == errno.ENOENT, key
+    warned = {name: m.log().count(f"{name}: ") for name in ("big", "odd")}
+    assert warned == {"big": 2, "odd": 2}, m.log()  # at mount, at the first lookup
+    assert "big: too many chunks (1,099,511,627,776)" in m.log()
+    assert "odd: its chunk keys cannot be read (unknown chunk_key_encoding 'Default')" in m.log()
+    for _ in range(3):
+        for key in eio:
+            assert lookup_errno(m.mountpoint / key) == errno.EIO, key
+    assert {name: m.log().count(f"{name}: ") for name in ("big", "odd")} == warned
+    with pytest.raises(OSError) as raised:
+        os.listdir(big / "c")
+    assert raised.value.errno == errno.EIO
+    done = subprocess.run(["cat", str(big / "c/5/9")], capture_output=True, text=True)
+    assert done.returncode and "Input/output error" in done.stderr, done
+    with pytest.raises(OSError) as raised:
+        zarr.open_array(big, mode="r")[0:6, 9]
+    assert raised.value.errno == errno.EIO
+    np.testing.assert_array_equal(zarr.open_array(m.mountpoint / "plain", mode="r")[...],
+                                  values["plain"])  # fmt: skip
+    decoded = mount(root, "--decode")
+    assert json.loads((decoded.mountpoint / "big/.zarray").read_bytes())["chunks"] == [1, 1]
+    for key in ("big/0/0", "big/5/9", "big/1/1"):
+        assert lookup_errno(decoded.mountpoint / key) == errno.EIO, key
+    assert lookup_errno(decoded.mountpoint / "big/x") == errno.ENOENT
+    with pytest.raises(OSError) as raised:
+        zarr.open_array(decoded.mountpoint / "big", mode="r", zarr_format=2)[0:6, 9]
+    assert raised.value.errno == errno.EIO
+
+
+def manifest_requests(server: RangeServer, manifest: str) -> int:
+    return sum(1 for path, _, _ in server.stats()["ranges"] if path.endswith(manifest))
+
+
+def test_a_failed_index_is_remembered_not_read_per_lookup(tmp_path: Path, mount) -> None:
+    """Over HTTP, ``plain``'s manifest corrupt (a hostile repository) and ``odd``'s
+    answering 503 (a store failing): each lookup under either is EIO, its manifest read
+    once (counted on the server) and not again within the back-off, however many look."""
+    www = tmp_path / "www"
+    unknown_grid_repository(www / "repo", extents=False)
+    manifests = manifest_ids(www / "repo")
+    corrupt = www / "repo/manifests" / manifests["plain"]
+    data = bytearray(corrupt.read_bytes())
+    data[60:] = bytes(len(data) - 60)
+    corrupt.write_bytes(bytes(data))
+    with RangeServer(www) as server:
+        server.fault(f"/repo/manifests/{manifests['odd']}", "503", count=-1)
+        m = mount(f"{server.url}/repo", "--log-level", "INFO")
+        keys = ["plain/c/0", "plain/c/2", "odd/c/0/0", "odd/c/2/0"]
+        for key in keys:
+            assert lookup_errno(m.mountpoint / key) == errno.EIO, key
+        assert manifest_requests(server, manifests["plain"]) == 1
+        asked = server.stats()["requests"]
+        for _ in range(5):
+            for key in keys:
+                assert lookup_errno(m.mountpoint / key) == errno.EIO, key
+            for directory in ("plain/c", "odd/c"):
+                with pytest.raises(OSError) as raised:
+                    os.listdir(m.mountpoint / directory)
+                assert raised.value.errno == errno.EIO
+        assert server.stats()["requests"] == asked  # neither manifest asked again
+        assert manifest_requests(server, manifests["plain"]) == 1
+    log = m.log()
+    assert log.count("(tried again after 30 s)") == 2, log
+    assert f"plain: its manifest is unusable: manifest {manifests['plain']}" in log
+    assert "odd: cannot read its manifest" in log
 
 
 # -- the decoded view -----------------------------------------------------------------------

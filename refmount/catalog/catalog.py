@@ -155,14 +155,16 @@ class Catalog:
                 found.inodes = SetInodes(self.ranges, found, self.dirs.inode(path))
                 self.sets[path] = found
             elif found.removed:
-                found.removed, found.changed, found.error = False, True, None
+                found.removed, found.changed = False, True
+                found.backoff.forget()
             else:
                 old = found.entry.found
                 if old.url != entry.found.url or old.signature != entry.found.signature:
                     if found.tree is not None:
                         changed.append(found)
                     else:
-                        found.changed, found.error = True, None
+                        found.changed = True
+                        found.backoff.forget()
                 if old.mtime != entry.found.mtime:
                     self._invalidate("inode", found.inodes.root)
             found.entry = entry

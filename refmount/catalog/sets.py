@@ -12,12 +12,12 @@ that still exist keep theirs).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
 
+from refmount.backoff import Backoff
 from refmount.catalog.inodes import SetInodes
 from refmount.catalog.names import SetEntry
 from refmount.errors import FetchError
@@ -48,9 +48,7 @@ class CatalogSet:
     directories: dict[int, str] | None = None  # the tree's, kept while unloaded
     changed: bool = False  # the refs file changed while unloaded
     removed: bool = False  # gone from the source
-    error: str | None = None
-    retry_at: float = 0.0
-    failures: int = 0
+    backoff: Backoff = field(default_factory=lambda: Backoff(FIRST_BACKOFF, MAX_BACKOFF))
     loading: trio.Event | None = None
     busy: int = 0
     asked_signature: tuple[str, ...] | None = None  # when the listing tells none
@@ -59,6 +57,11 @@ class CatalogSet:
     @property
     def path(self) -> str:
         return self.entry.path
+
+    @property
+    def error(self) -> str | None:
+        """Why the set could not be loaded last (None: it could, or may have changed)."""
+        return self.backoff.error
 
     @property
     def url(self) -> str:
@@ -77,8 +80,7 @@ class CatalogSet:
             if self.loading is not None:
                 await self.loading.wait()
                 continue
-            if self.error is not None and time.monotonic() < self.retry_at:
-                raise FetchError(self.error)
+            self.backoff.check()
             self.loading = trio.Event()
             try:
                 refset = await trio.to_thread.run_sync(
@@ -94,13 +96,9 @@ class CatalogSet:
         return self.tree
 
     def _failed(self, reason: str) -> None:
-        first = self.error != reason
-        self.failures += 1
-        backoff = min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** (self.failures - 1))
-        self.error = f"set {self.path} cannot be loaded: {reason}"
-        self.retry_at = time.monotonic() + backoff
-        if first:  # the request that meets it logs it as a warning (fuse_ops, once)
-            log.info("catalog: %s (tried again after %g s)", self.error, backoff)
+        backoff = self.backoff.failed(f"set {self.path} cannot be loaded: {reason}")
+        # the request that meets it logs it as a warning (fuse_ops, once)
+        log.info("catalog: %s (tried again after %g s)", self.error, backoff)
 
     def _loaded(self, refset: RefSet, make_tree: TreeFactory) -> None:
         # A refs file changed since it was last loaded, whatever the listing said (an
@@ -119,7 +117,7 @@ class CatalogSet:
                 }
             self.changed = False
         self.tree = make_tree(refset, self.generation, directories)
-        self.error, self.failures = None, 0
+        self.backoff.succeeded()
         log.info("catalog: loaded set %s (%s)", self.path, _describe(refset))
 
     def unload(self) -> Tree | None:

@@ -66,7 +66,7 @@ class Version:
 class Node:
     """A group or array of the snapshot: ``path`` without the leading slash; an array's
     manifests with the extents of its chunks each holds (``[start, stop)`` per
-    dimension)."""
+    dimension), and the rank the snapshot gives it (its ``zarr.json`` may not say)."""
 
     path: str
     node_id: str
@@ -74,6 +74,7 @@ class Node:
     metadata: bytes
     manifests: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = ()
     document: dict[str, Any] = field(default_factory=dict)
+    rank: int = 0
 
 
 def import_icechunk(name: str) -> Any:
@@ -145,7 +146,8 @@ class Repository:
                 for ref in node.get("manifest_refs") or ()
             )
             is_array = node["node_type"] == "array"
-            nodes.append(Node(path, node["id"], is_array, b"", manifests))
+            rank = len(node.get("shape") or ())
+            nodes.append(Node(path, node["id"], is_array, b"", manifests, rank=rank))
         keys = [f"{node.path}/zarr.json" if node.path else "zarr.json" for node in nodes]
         documents = self._loop.run(
             lambda: asyncio.gather(*(self._store._store.get(key, None) for key in keys)),

@@ -12,6 +12,12 @@ extents the snapshot gives them, or, when they give none of its rank, the chunks
 hold, known once its index is read.  Such an array's block of ids is reserved after every
 other's, its keys meanwhile those of an unbounded grid of its rank: what cannot be one of
 its keys answers ENOENT, what can waits for its index (EIO when that cannot be read).
+An array whose keys cannot be known (its ``zarr.json`` does not say them) or that has
+more than the mount's file ids can number is *refused*: what might be one of its keys
+(by its key encoding, on an unbounded grid of its rank) is EIO, never absent, and its
+``zarr.json`` is served.  An array's index that cannot be read or used is remembered as
+such for a back-off (:class:`~refmount.backoff.Backoff`): lookups meanwhile fail at once,
+not by reading its manifests again.
 
 Bytes: inline chunks are held; native chunks are the objects ``chunks/<id>`` of the
 repository's storage and virtual chunks ranges of their URLs, both read by refmount's own
@@ -27,13 +33,14 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
 import trio
 
 from refmount import header_text
+from refmount.backoff import Backoff
 from refmount.errors import FetchError
 from refmount.icechunk.containers import Containers
 from refmount.icechunk.index import ArrayIndex
@@ -55,6 +62,8 @@ _FIRST_WINDOW, _MAX_WINDOW = 64, 16384  # chunk indices a listing decodes at a t
 MAX_CHUNK_BYTES = 1 << 34
 #: Chunk coordinates are uint32: every key of an array whose grid is not known yet
 _UNBOUNDED = 1 << 32
+#: An array's index that failed is read again after this back-off, doubling to the most
+FIRST_RETRY, MOST_RETRY = 30.0, 300.0
 
 
 class NotLoaded(LookupError):
@@ -75,6 +84,9 @@ class _Array:
     #: ids reserved for them
     deferred: bool = False
     span: int = 0
+    #: why its chunks are not served (its keys: what might be one, all EIO)
+    refused: str | None = None
+    failure: Backoff = field(default_factory=lambda: Backoff(FIRST_RETRY, MOST_RETRY))
 
 
 class IcechunkRefSet(RefSet):
@@ -94,22 +106,23 @@ class IcechunkRefSet(RefSet):
         base = len(self._meta_keys)
         deferred: list[_Array] = []
         for node in sorted((n for n in nodes if n.is_array), key=lambda n: n.path):
-            keys, provisional = _chunk_keys(node, self.location.name)
+            keys, provisional, refused = _chunk_keys(node)
+            if refused is None and not provisional and base + keys.count > MAX_FILE_IDS:
+                refused = f"too many chunks ({keys.count:,}) for the mount's file ids"
             array = self._arrays[node.path] = _Array(node, keys, base, deferred=provisional)
-            if provisional:
+            if refused is not None:
+                array.refused = f"{node.path}: {refused}: its chunks are not served"
+                log.warning("%s: %s; every key it might have is EIO", self.location.name,
+                            array.refused)  # fmt: skip
+            elif provisional:
                 deferred.append(array)
-                continue
-            if base + keys.count > MAX_FILE_IDS:
-                log.warning("%s: %s: too many chunks (%d); its chunks are not served",
-                            self.location.name, node.path, keys.count)  # fmt: skip
-                array.keys = ChunkKeys((0,) * max(keys.ndim, 1))
-            base += array.keys.count
+            else:
+                base += keys.count
         span = (MAX_FILE_IDS - base) // max(len(deferred), 1)
         for n, array in enumerate(deferred):
             array.base, array.span = base + n * span, span
         # the array holding ids last among those of one base (the others have none)
-        self._by_base = sorted(self._arrays.values(),
-                               key=lambda a: (a.base, a.deferred or a.keys.count > 0))  # fmt: skip
+        self._by_base = sorted(self._arrays.values(), key=lambda a: (a.base, _holds_ids(a)))
         self._bases = [array.base for array in self._by_base]
         self._dirs = self._directories(nodes)
         self._listed: dict[int, int] = {}  # see file_size
@@ -173,14 +186,24 @@ class IcechunkRefSet(RefSet):
         lists = fixed is not None and (array.deferred or keys.file_range(fixed) is not None)
         if not lists and keys.parse(relative) is None:
             return
+        if array.refused is not None:
+            if relative:  # its own directory is found (listing its keys there: EIO)
+                raise FetchError(array.refused)
+            return
         if array.lock is None:
             array.lock = trio.Lock()
         async with array.lock:
             if array.index is None:
-                index = await trio.to_thread.run_sync(self._read_index, array)
-                if array.deferred:
-                    array.keys = self._covered_keys(array, index.grid)
-                array.index = index
+                array.failure.check()
+                try:
+                    index = await trio.to_thread.run_sync(self._read_index, array)
+                    if array.deferred:
+                        keys = self._covered_keys(array, index.grid)
+                except FetchError as exc:
+                    wait = array.failure.failed(str(exc))
+                    log.info("%s (tried again after %g s)", exc, wait)
+                    raise
+                array.keys, array.index = keys, index
 
     def _covered_keys(self, array: _Array, grid: tuple[int, ...]) -> ChunkKeys:
         """The keys of a deferred array on the grid its chunks cover, within its ids."""
@@ -214,13 +237,16 @@ class IcechunkRefSet(RefSet):
         return index
 
     def _held(self, array: _Array) -> ArrayIndex:
+        if array.refused is not None:
+            raise FetchError(array.refused)
         if array.index is None:
             raise NotLoaded(f"{array.node.path}: chunk references not loaded")
         return array.index
 
     def _grid_known(self, array: _Array) -> bool:
-        """Whether the array's keys are its grid's (not a deferred array's provisional)."""
-        return not array.deferred or array.index is not None
+        """Whether the array's keys are its grid's (not a deferred array's provisional,
+        nor a refused array's possible ones)."""
+        return array.refused is None and (not array.deferred or array.index is not None)
 
     # --- keys and file ids -----------------------------------------------------------
 
@@ -417,14 +443,18 @@ def _meta_key(path: str) -> str:
     return f"{path}/zarr.json" if path else "zarr.json"
 
 
-def _chunk_keys(node: Node, name: str) -> tuple[ChunkKeys, bool]:
+def _holds_ids(array: _Array) -> bool:
+    return array.refused is None and (array.deferred or array.keys.count > 0)
+
+
+def _chunk_keys(node: Node) -> tuple[ChunkKeys, bool, str | None]:
     """An array's chunk keys from its ``zarr.json`` (a regular or rectilinear grid), or
     for a grid refmount cannot read, from its manifests: keys are keys, and the raw view
     serves every one the manifests hold (their readers know the grid).  True beside
     provisional keys (every key of the array's rank): its manifests give no extents of
-    its rank, and its grid is the one its chunks cover, known from its index.  Only an
-    array whose keys cannot be known at all has no chunks (its metadata is still
-    served), with a warning."""
+    its rank, and its grid is the one its chunks cover, known from its index.  An array
+    whose keys cannot be known at all is refused: the reason, beside the keys it might
+    have (:func:`_possible_keys`)."""
     document = node.document
     try:
         shape = [int(n) for n in document["shape"]]
@@ -435,11 +465,23 @@ def _chunk_keys(node: Node, name: str) -> tuple[ChunkKeys, bool]:
         except GridError as exc:
             grid = _extents_grid(node, len(shape), exc)
         if grid is None:
-            return ChunkKeys.from_metadata(document, (_UNBOUNDED,) * len(shape)), True
-        return ChunkKeys.from_metadata(document, grid), False
+            return ChunkKeys.from_metadata(document, (_UNBOUNDED,) * len(shape)), True, None
+        return ChunkKeys.from_metadata(document, grid), False, None
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        log.warning("%s: %s: its chunks are not served: %s", name, node.path, exc)
-        return ChunkKeys((0,) * max(len(document.get("shape") or ()), 1)), False
+        return _possible_keys(node), False, f"its chunk keys cannot be read ({exc})"
+
+
+def _possible_keys(node: Node) -> ChunkKeys:
+    """What might be a chunk key of an array whose keys cannot be known: a key of an
+    unbounded grid of its rank (its ``zarr.json``'s, else the snapshot's) by its key
+    encoding, or when that cannot be read either, by icechunk's own (``c/0/0``)."""
+    document = node.document
+    shape = document.get("shape") if isinstance(document, dict) else None
+    unbounded = (_UNBOUNDED,) * (len(shape) if isinstance(shape, list) else node.rank)
+    try:
+        return ChunkKeys.from_metadata(document, unbounded)
+    except (TypeError, ValueError, AttributeError):
+        return ChunkKeys(unbounded)
 
 
 def _extents_grid(node: Node, rank: int, problem: GridError) -> tuple[int, ...] | None:

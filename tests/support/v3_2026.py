@@ -129,10 +129,6 @@ def unknown_grid_repository(
     wrote them (the last padded with the fill value -1)."""
     import struct
 
-    import zstandard
-
-    from refmount.icechunk.manifest import HEADER_SIZE
-
     icechunk.set_logs_filter("error")
     repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(root)))
     session = repo.writable_session("main")
@@ -143,17 +139,61 @@ def unknown_grid_repository(
     group.create_array("plain", shape=(5,), chunks=(2,), dtype="<i4", compressors=None)[...] = (
         np.arange(5, dtype="<i4") + 100
     )
-    snapshot = root / "snapshots" / session.commit("an unknown chunk grid")
-    data = snapshot.read_bytes()
-    body = zstandard.ZstdDecompressor().decompressobj().decompress(data[HEADER_SIZE:])
+    snapshot = session.commit("an unknown chunk grid")
     grid = b'"regular",\n    "configuration": {\n      "chunk_shape": [\n        4,'  # odd's
-    assert len(name) == len("regular") and body.count(grid) == 1
-    body = body.replace(grid, grid.replace(b"regular", name.encode()))
+    _rewrite_snapshot(root, snapshot, grid, grid.replace(b"regular", name.encode()))
     if not extents:
         ranges = struct.pack("<4I", 0, 3, 0, 1)
-        assert body.count(struct.pack("<I", 2) + ranges) == 1
-        body = body.replace(struct.pack("<I", 2) + ranges, struct.pack("<I", 0) + ranges)
-    snapshot.write_bytes(data[:HEADER_SIZE] + zstandard.ZstdCompressor().compress(body))
+        _rewrite_snapshot(root, snapshot, struct.pack("<I", 2) + ranges,
+                          struct.pack("<I", 0) + ranges)  # fmt: skip
     stored = np.full((12, 6), -1, dtype="<i4")
     stored[:10] = np.arange(60).reshape(10, 6)
     return stored
+
+
+def _rewrite_snapshot(root: Path, snapshot_id: str, old: bytes, new: bytes) -> None:
+    """Replace the one occurrence of ``old`` in a snapshot's body by ``new`` (as long)."""
+    import zstandard
+
+    from refmount.icechunk.manifest import HEADER_SIZE
+
+    snapshot = root / "snapshots" / snapshot_id
+    data = snapshot.read_bytes()
+    body = zstandard.ZstdDecompressor().decompressobj().decompress(data[HEADER_SIZE:])
+    assert len(old) == len(new) and body.count(old) == 1
+    body = body.replace(old, new)
+    snapshot.write_bytes(data[:HEADER_SIZE] + zstandard.ZstdCompressor().compress(body))
+
+
+def unserved_keys_repository(root: Path) -> dict[str, np.ndarray]:
+    """A repository whose arrays' chunks a mount cannot give file ids: ``big`` (2**20 x
+    2**20 uint8 in chunks of 1: 2**40 keys, over a mount's 2**39) holding chunks
+    ``c/0/0`` (3) and ``c/5/9`` (4), fill 7; ``odd`` (4 x 4 uint8, chunks of 2) whose
+    ``chunk_key_encoding`` is one refmount does not know (``"Default"``: the snapshot
+    rewritten, as icechunk 2.3 writes only what zarr accepts); beside them ``plain``,
+    served.  The values of ``odd`` and ``plain``."""
+    icechunk.set_logs_filter("error")
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(root)))
+    session = repo.writable_session("main")
+    group = zarr.open_group(session.store)
+    big = group.create_array("big", shape=(1 << 20, 1 << 20), chunks=(1, 1), dtype="u1",
+                             fill_value=7, compressors=None)  # fmt: skip
+    big[0, 0], big[5, 9] = 3, 4
+    values = {"odd": np.arange(16, dtype="u1").reshape(4, 4), "plain": np.arange(5, dtype="u1")}
+    group.create_array("odd", shape=(4, 4), chunks=(2, 2), dtype="u1", fill_value=7,
+                       compressors=None)[...] = values["odd"]  # fmt: skip
+    group.create_array("plain", shape=(5,), chunks=(2,), dtype="u1", fill_value=7,
+                       compressors=None)[...] = values["plain"]  # fmt: skip
+    snapshot = session.commit("arrays whose keys a mount cannot serve")
+    encoding = b'2,\n        2\n      ]\n    }\n  },\n  "chunk_key_encoding": {\n'  # odd's
+    encoding += b'    "name": "default"'
+    _rewrite_snapshot(root, snapshot, encoding, encoding.replace(b"default", b"Default"))
+    return values
+
+
+def manifest_ids(root: Path) -> dict[str, str]:
+    """The manifest of each array of ``main``'s snapshot (one each), by path."""
+    repo = icechunk.Repository.open(icechunk.local_filesystem_storage(str(root)))
+    nodes = repo.inspect_snapshot(repo.lookup_branch("main"))["nodes"]
+    found = {n["path"].strip("/"): n.get("manifest_refs") or () for n in nodes}
+    return {path: refs[0]["id"] for path, refs in found.items() if len(refs) == 1}

@@ -33,7 +33,7 @@ import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -42,6 +42,7 @@ from refmount.cache.parts import State
 from refmount.decode.chunkjob import MEASURE_SIZE
 from refmount.decode.codecs import Buffer, ChunkDecoding, DecodeError
 from refmount.decode.strings import StringMeasure
+from refmount.decode.turns import Ticket, Turns
 from refmount.decode.v3.shards import BATCH_BYTES, GROUP, Run, ShardDecoder
 from refmount.decode.view import SCHEME, DecodedRefSet
 from refmount.errors import FetchError
@@ -60,14 +61,26 @@ class DecodedPart(Part):
     ``retry``: decoded with its run's other inner chunks by a job that failed, so its
     readers decode it alone (the failure may be another chunk's)."""
 
-    __slots__ = ("__weakref__", "retry")
+    __slots__ = ("__weakref__", "retry", "ticket")
 
     def __init__(self, url: str, size: int, *, ahead: bool = False) -> None:
         super().__init__(url, 0, size, ahead=ahead)
         self.retry = False
+        #: The turn of the job decoding it with its run's other inner chunks, if any.
+        self.ticket: Ticket | None = None
 
 
 ChunkKey = tuple[str, Ref]
+
+
+class _Member(NamedTuple):
+    """An inner chunk of a run decoded together: its bytes' offset in the run and
+    length, its key, and its part (``None``: the reader's own)."""
+
+    offset: int
+    length: int
+    key: ChunkKey
+    part: DecodedPart | None
 
 
 class DecodedReads:
@@ -79,6 +92,8 @@ class DecodedReads:
         self.blocks = blocks
         self.runner = runner or InProcessRunner(max(1, os.cpu_count() or 1))
         self.fixed_strings = fixed_strings
+        #: The workers' turns of the jobs decoding runs of inner chunks together.
+        self._turns = Turns(self.runner.capacity)
         self._limiter: trio.CapacityLimiter | None = None
         self._views: weakref.WeakValueDictionary[int, DecodedRefSet] = weakref.WeakValueDictionary()
         self._serials = itertools.count()
@@ -148,6 +163,8 @@ class DecodedReads:
         key = (decoder.key, source)
         while (part := self._chunks.get(key)) is not None:
             if part.pending:
+                if part.ticket is not None:
+                    part.ticket.hurry()
                 await part.wait()
             if part.retry:  # its run's job failed: decoded alone below
                 continue
@@ -245,17 +262,23 @@ class DecodedReads:
         ``url`` lies in reads next, its inner chunks decoded as read-ahead in the
         background; failures are left to the reads."""
         view, file_id = self._view_of(url)
+        if view is None:
+            return
+        async with trio.open_nursery() as nursery:
+            for source in await view.next_shards(file_id):
+                if source.url is not None:
+                    nursery.start_soon(self._shard_ahead, url, source, shard)
+
+    async def _shard_ahead(self, url: str, source: Ref, shard: ShardDecoder) -> None:
         try:
-            for source in [] if view is None else await view.next_shards(file_id):
-                if source.url is None:
-                    continue
-                size = source.length
-                if size is None:
-                    size = await self.blocks.fetcher.size(source.url)
-                start, end = shard.index_range(size)
-                run = shard.first_run(await self._range(source, start, end), size)
-                if run is not None:
-                    await self._run(source, shard.at(run.spans[0][0]), run, reader=False)
+            assert source.url is not None
+            size = source.length
+            if size is None:
+                size = await self.blocks.fetcher.size(source.url)
+            start, end = shard.index_range(size)
+            run = shard.first_run(await self._range(source, start, end), size)
+            if run is not None:
+                await self._run(source, shard.at(run.spans[0][0]), run, reader=False)
         except (FetchError, DecodeError, JobFailed) as exc:
             log.debug("reading ahead of %s: %s", url, exc)
         except Exception as exc:  # in the cache's nursery: never the daemon's end
@@ -267,32 +290,39 @@ class DecodedReads:
         """Inner chunk ``shard.position`` decoded from ``run``'s bytes, fetched once,
         with the run's other inner chunks not yet decoded or being decoded: each is a
         decoded chunk in flight at once (its readers wait for it), decoded in jobs of
-        :data:`GROUP` inner chunks that the workers run side by side, then kept as
-        read-ahead (under the budget's read-ahead share: those without room are left to
-        their own reads).  A job that fails leaves its inner chunks to be decoded alone
-        (and remembered, so they are not batched again), so a failure is its own
-        chunk's only.  Without a ``reader``, every inner chunk of the run is read-ahead,
-        and nothing is returned."""
+        :data:`GROUP` inner chunks neighbours in the run's bytes (each job given its
+        own bytes only), then kept as read-ahead (under the budget's read-ahead share:
+        those without room are left to their own reads).  The jobs take turns at the
+        workers (:class:`~refmount.decode.turns.Turns`): the one holding the reader's
+        chunk, or one a reader waits for, first.  A job that fails leaves its inner
+        chunks to be decoded alone (and remembered, so they are not batched again), so a
+        failure is its own chunk's only.  Without a ``reader``, every inner chunk of the
+        run is read-ahead, and nothing is returned."""
         job, size = shard.inner.job, shard.size
         mine = next(span for span in run.spans if span[0] == shard.position)
         own = (shard.key, source)
-        members: list[tuple[ChunkKey, DecodedPart | None]] = [(own, None)] if reader else []
-        spans = [[mine[1], mine[2]]] if reader else []
+        members: list[_Member] = []
         batched = job is not None and job[0] == "decode" and GROUP * size <= BATCH_BYTES
         if batched and own not in self._alone:
-            now = trio.current_time()
+            now, room = trio.current_time(), True
             for position, offset, length in run.spans:
                 key = (shard.at(position).key, source)
-                if (reader and key == own) or key in self._chunks or key in self._alone:
-                    continue
-                part = DecodedPart(f"{SCHEME}run", size, ahead=True)
-                if not self.blocks.memory.reserve(part.reserved, ahead=True, now=now):
-                    break
-                part.state = State.IN_FLIGHT
-                self._chunks[key] = part
-                spans.append([offset, length])
-                members.append((key, part))
-        others = [(key, part) for key, part in members if part is not None]
+                if reader and key == own:
+                    members.append(_Member(offset, length, key, None))
+                elif room and key not in self._chunks and key not in self._alone:
+                    part = DecodedPart(f"{SCHEME}run", size, ahead=True)
+                    room = self.blocks.memory.reserve(part.reserved, ahead=True, now=now)
+                    if room:
+                        part.state = State.IN_FLIGHT
+                        self._chunks[key] = part
+                        members.append(_Member(offset, length, key, part))
+        others = [member for member in members if member.part is not None]
+        groups = [members[first : first + GROUP] for first in range(0, len(members), GROUP)]
+        tickets = [Ticket(urgent=any(m.part is None for m in group)) for group in groups]
+        for group, ticket in zip(groups, tickets, strict=True):
+            for member in group:
+                if member.part is not None:
+                    member.part.ticket = ticket
         try:
             if reader and not others:
                 raw = await self._range(source, run.start, run.end)
@@ -303,51 +333,59 @@ class DecodedReads:
             assert job is not None
             found: list[Buffer] = []
             async with trio.open_nursery() as nursery:
-                for first in range(0, len(spans), GROUP):
-                    group = slice(first, first + GROUP)
-                    nursery.start_soon(
-                        self._group, job[1], raw, size, spans[group], members[group], found
-                    )
+                for group, ticket in zip(groups, tickets, strict=True):
+                    nursery.start_soon(self._group, job[1], raw, size, group, ticket, found)
             if not reader:
                 return None
             if found:
                 return found[0]
             return await self._job(shard.inner, memoryview(raw)[mine[1] : mine[1] + mine[2]])
         finally:
-            for key, part in others:
+            for member in others:
+                part = member.part
+                assert part is not None
                 if part.pending:  # not landed: its readers decode it alone
                     self.blocks.memory.release(part)
                     part.retry = True
                     part.fail(FetchError("its run's decoding failed"))
-                    if self._chunks.get(key) is part:
-                        del self._chunks[key]
+                    if self._chunks.get(member.key) is part:
+                        del self._chunks[member.key]
 
     async def _group(
         self,
         spec: Mapping[str, Any],
         raw: Buffer,
         size: int,
-        spans: list[list[int]],
-        members: list[tuple[ChunkKey, DecodedPart | None]],
+        members: list[_Member],
+        ticket: Ticket,
         found: list[Buffer],
     ) -> None:
-        """Inner chunks (``size`` bytes each decoded) at ``spans`` of ``raw`` decoded in
-        one ``decode-run`` job, each landed in its part (``None``: the reader's own, put
-        in ``found``); a failed job lands none, and its chunks are decoded alone since."""
+        """Inner chunks (``size`` bytes each decoded) ``members`` of the run ``raw``
+        decoded in one ``decode-run`` job, given the bytes from the first one's to the
+        last one's, when ``ticket`` has its turn; each landed in its part (``None``: the
+        reader's own, put in ``found``); a failed job lands none, and its chunks are
+        decoded alone since."""
+        first, last = members[0].offset, members[-1].offset + members[-1].length
+        spans = [[member.offset - first, member.length] for member in members]
         try:
-            out = await self.runner.submit(
-                "decode-run", {"decoder": spec, "spans": spans}, raw, len(spans) * size
-            )
+            async with self._turns.turn(ticket):
+                out = await self.runner.submit(
+                    "decode-run",
+                    {"decoder": spec, "spans": spans},
+                    memoryview(raw)[first:last],
+                    len(spans) * size,
+                )
         except JobFailed as exc:
             log.info("%d inner chunks do not decode together (%s): each alone", len(spans), exc)
-            for key, _ in members:
-                self._alone[key] = None
+            for member in members:
+                self._alone[member.key] = None
                 if len(self._alone) > RECENT_SHARDS:
                     self._alone.popitem(last=False)
             return
         landed = trio.current_time()
-        for i, (_, part) in enumerate(members):
+        for i, member in enumerate(members):
             data = bytes(memoryview(out)[i * size : (i + 1) * size])
+            part = member.part
             if part is None:
                 found.append(data)
                 continue

@@ -52,6 +52,11 @@ class JobRunner(Protocol):
     """What asks a worker for a job: ``submit`` returns exactly ``size`` bytes or raises
     :class:`JobFailed`."""
 
+    @property
+    def capacity(self) -> int:
+        """Jobs run at once at most."""
+        ...  # pragma: no cover
+
     async def submit(
         self, kind: str, params: Mapping[str, Any], payload: Buffer, size: int
     ) -> Buffer: ...  # pragma: no cover
@@ -64,7 +69,7 @@ class InProcessRunner:
     checks as the worker processes, without their isolation."""
 
     def __init__(self, threads: int) -> None:
-        self.threads = threads
+        self.capacity = threads
         self._limiter: trio.CapacityLimiter | None = None
         self._counters = dict.fromkeys(("worker_jobs", "worker_job_errors"), 0)
 
@@ -72,7 +77,7 @@ class InProcessRunner:
         self, kind: str, params: Mapping[str, Any], payload: Buffer, size: int
     ) -> Buffer:
         if self._limiter is None:
-            self._limiter = trio.CapacityLimiter(self.threads)
+            self._limiter = trio.CapacityLimiter(self.capacity)
         run = handler(kind)
         self._counters["worker_jobs"] += 1
         try:

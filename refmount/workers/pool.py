@@ -167,6 +167,11 @@ class WorkerPool:
             0,
         )
 
+    @property
+    def capacity(self) -> int:
+        """Jobs run at once at most."""
+        return self.config.workers
+
     def stats(self) -> dict[str, int]:
         return {"workers": len(self._all), **self._counters}
 

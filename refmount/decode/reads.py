@@ -362,18 +362,19 @@ class DecodedReads:
     ) -> None:
         """Inner chunks (``size`` bytes each decoded) ``members`` of the run ``raw``
         decoded in one ``decode-run`` job, given the bytes from the first one's to the
-        last one's, when ``ticket`` has its turn; each landed in its part (``None``: the
-        reader's own, put in ``found``); a failed job lands none, and its chunks are
-        decoded alone since."""
+        last one's, when ``ticket`` has its turn; its output read straight into each
+        one's own buffer, landed in its part (``None``: the reader's own, put in
+        ``found``); a failed job lands none, and its chunks are decoded alone since."""
         first, last = members[0].offset, members[-1].offset + members[-1].length
         spans = [[member.offset - first, member.length] for member in members]
         try:
             async with self._turns.turn(ticket):
-                out = await self.runner.submit(
+                chunks = [bytearray(size) for _ in members]  # the job's output lands in them
+                await self.runner.submit_into(
                     "decode-run",
                     {"decoder": spec, "spans": spans},
                     memoryview(raw)[first:last],
-                    len(spans) * size,
+                    [memoryview(chunk) for chunk in chunks],
                 )
         except JobFailed as exc:
             log.info("%d inner chunks do not decode together (%s): each alone", len(spans), exc)
@@ -383,8 +384,7 @@ class DecodedReads:
                     self._alone.popitem(last=False)
             return
         landed = trio.current_time()
-        for i, member in enumerate(members):
-            data = bytes(memoryview(out)[i * size : (i + 1) * size])
+        for member, data in zip(members, chunks, strict=True):
             part = member.part
             if part is None:
                 found.append(data)

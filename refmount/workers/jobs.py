@@ -61,6 +61,13 @@ class JobRunner(Protocol):
         self, kind: str, params: Mapping[str, Any], payload: Buffer, size: int
     ) -> Buffer: ...  # pragma: no cover
 
+    async def submit_into(
+        self, kind: str, params: Mapping[str, Any], payload: Buffer, into: list[memoryview]
+    ) -> None:
+        """``submit``, the job's output landed in ``into``, in order across its buffers
+        (their sizes add up to the output's)."""
+        ...  # pragma: no cover
+
     def stats(self) -> dict[str, int]: ...  # pragma: no cover
 
 
@@ -94,6 +101,13 @@ class InProcessRunner:
             self._counters["worker_job_errors"] += 1
             raise JobFailed(f"{kind} job returned {len(out)} bytes, not {size}")
         return out
+
+    async def submit_into(
+        self, kind: str, params: Mapping[str, Any], payload: Buffer, into: list[memoryview]
+    ) -> None:
+        out = memoryview(await self.submit(kind, params, payload, sum(map(len, into))))
+        for view in into:
+            view[:], out = out[: len(view)], out[len(view) :]
 
     def stats(self) -> dict[str, int]:
         return dict(self._counters)

@@ -365,8 +365,13 @@ class DecodedRefSet(RefSet):
         fill = array.meta.get("fill_value")
         key = (array.decoder.key, repr(fill), layout, position)
         found = self._shard_decoders.get(key)
-        if found is None:
-            found = self._shard_decoders[key] = shard_decoder(array.decoder, layout, position, fill)
+        if found is None:  # the array's inner chunks share one fill value's bytes
+            shared = (*key[:3], -1)
+            first = self._shard_decoders.get(shared)
+            if first is None:
+                first = shard_decoder(array.decoder, layout, -1, fill)
+                self._shard_decoders[shared] = first
+            found = self._shard_decoders[key] = first.at(position)
         return found
 
     def file_size(self, file_id: int) -> int | None:

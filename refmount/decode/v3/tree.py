@@ -313,10 +313,12 @@ class V3AsV2(RefSet):
         return self.ref(file_id)
 
     async def find_file(self, key: str) -> int | None:
-        path = key.rpartition("/")[0]
+        path, _, name = key.rpartition("/")
         await self.raw.ensure(_join(path, NODE))
-        if self._sharded(path) is not None:
-            await self._inner.load(path)
+        sharded = self._sharded(path)
+        shard = None if sharded is None else self._inner.shard_key(path, sharded, name)
+        if shard is not None:  # its shard's key only, not the array's every directory
+            await self.raw.ensure(shard[0])
         raw_key = self._raw_key(key)
         if raw_key is not None:
             await self.raw.ensure(raw_key)

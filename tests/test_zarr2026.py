@@ -295,8 +295,9 @@ def test_a_reader_going_through_a_shard_gets_the_next_shards_read_ahead(
     """2 x 2 shards of 64 inner chunks: once a reader goes through shard (0, 0) (a second
     inner chunk of it read), the next ones in C order, (0, 1), (1, 0) and (1, 1), are
     fetched and decoded in the background, all at once (a reader of whole rows enters
-    the row of shards it is in and the next one before it leaves the first shard);
-    reading the shards read ahead asks the store for nothing more; all exact."""
+    the row of shards it is in and the next one before it leaves the first shard), each
+    shard read ahead in one request (its index with its inner chunks); reading the
+    shards read ahead asks the store for nothing more; all exact."""
     store = tmp_path / "four.zarr"
     values = sharded_store(store, (128, 128), seed=13)
     m = mount(write_refs(store_refs(store), tmp_path / "refs.json"), "--decode", "--xattrs")
@@ -321,6 +322,7 @@ def test_a_reader_going_through_a_shard_gets_the_next_shards_read_ahead(
     for j in (0, 1):
         assert (m.mountpoint / f"0.{j}").read_bytes() == values[:8, 8 * j : 8 * j + 8].tobytes()
     requests = read_ahead(4)
+    assert requests == 3 + 3, stats()  # (0, 0)'s index, first inner chunk and run
     for shard in ((0, 1), (1, 0), (1, 1)):
         read(*shard)
     assert stats()["requests"] == requests, stats()

@@ -43,7 +43,7 @@ from refmount.decode.chunkjob import MEASURE_SIZE
 from refmount.decode.codecs import Buffer, ChunkDecoding, DecodeError
 from refmount.decode.strings import StringMeasure
 from refmount.decode.turns import Ticket, Turns
-from refmount.decode.v3.shards import BATCH_BYTES, GROUP, Run, ShardDecoder
+from refmount.decode.v3.shards import BATCH_BYTES, GROUP, RUN, RUN_BYTES, Run, ShardDecoder
 from refmount.decode.view import SCHEME, DecodedRefSet
 from refmount.errors import FetchError
 from refmount.refs.model import Checksum, Ref, RefSet
@@ -106,6 +106,10 @@ class DecodedReads:
         self._last_inner: OrderedDict[tuple[str | None, int, Checksum | None], int] = OrderedDict()
         #: Shards whose next shard was read ahead (a bounded record).
         self._ahead_from: OrderedDict[tuple[str | None, int, Checksum | None], None] = OrderedDict()
+        #: Shards whose first run was read ahead (a bounded record).
+        self._shards_ahead: OrderedDict[tuple[str | None, int, Checksum | None], None] = (
+            OrderedDict()
+        )
         #: Inner chunks of a run whose job failed, decoded alone since (a bounded record).
         self._alone: OrderedDict[ChunkKey, None] = OrderedDict()
         self._counters = dict.fromkeys(
@@ -270,22 +274,45 @@ class DecodedReads:
                     nursery.start_soon(self._shard_ahead, url, source, shard)
 
     async def _shard_ahead(self, url: str, source: Ref, shard: ShardDecoder) -> None:
+        """The first run of shard ``source`` decoded as read-ahead, once (a bounded
+        record): a shard of at most :data:`RUN` inner chunks within :data:`RUN_BYTES`
+        fetched whole, its index with its run in one request (one round trip, not two);
+        a larger one's index, then its first run."""
+        identity = (source.url, source.offset, source.checksum)
+        if identity in self._shards_ahead:
+            return
+        self._shards_ahead[identity] = None
+        if len(self._shards_ahead) > RECENT_SHARDS:
+            self._shards_ahead.popitem(last=False)
         try:
             assert source.url is not None
             size = source.length
             if size is None:
                 size = await self.blocks.fetcher.size(source.url)
             start, end = shard.index_range(size)
-            run = shard.first_run(await self._range(source, start, end), size)
+            whole = None
+            if size <= RUN_BYTES and shard.layout.count <= RUN:
+                whole = await self._range(source, 0, size)
+                index = memoryview(whole)[start:end]
+            else:
+                index = await self._range(source, start, end)
+            run = shard.first_run(index, size)
             if run is not None:
-                await self._run(source, shard.at(run.spans[0][0]), run, reader=False)
+                at = shard.at(run.spans[0][0])
+                await self._run(source, at, run, reader=False, fetched=whole)
         except (FetchError, DecodeError, JobFailed) as exc:
             log.debug("reading ahead of %s: %s", url, exc)
         except Exception as exc:  # in the cache's nursery: never the daemon's end
             log.warning("reading ahead of %s failed: %r", url, exc)
 
     async def _run(
-        self, source: Ref, shard: ShardDecoder, run: Run, *, reader: bool = True
+        self,
+        source: Ref,
+        shard: ShardDecoder,
+        run: Run,
+        *,
+        reader: bool = True,
+        fetched: Buffer | None = None,
     ) -> Buffer | None:
         """Inner chunk ``shard.position`` decoded from ``run``'s bytes, fetched once,
         with the run's other inner chunks not yet decoded or being decoded: each is a
@@ -297,7 +324,8 @@ class DecodedReads:
         chunk, or one a reader waits for, first.  A job that fails leaves its inner
         chunks to be decoded alone (and remembered, so they are not batched again), so a
         failure is its own chunk's only.  Without a ``reader``, every inner chunk of the
-        run is read-ahead, and nothing is returned."""
+        run is read-ahead, and nothing is returned.  ``fetched``: the whole shard, if
+        fetched already."""
         job, size = shard.inner.job, shard.size
         mine = next(span for span in run.spans if span[0] == shard.position)
         own = (shard.key, source)
@@ -329,7 +357,10 @@ class DecodedReads:
                 return await self._job(shard.inner, memoryview(raw)[mine[1] : mine[1] + mine[2]])
             if not others:
                 return None
-            raw = await self._range(source, run.start, run.end)
+            if fetched is None:
+                raw: Buffer = await self._range(source, run.start, run.end)
+            else:
+                raw = memoryview(fetched)[run.start : run.end]
             assert job is not None
             found: list[Buffer] = []
             async with trio.open_nursery() as nursery:

@@ -1,5 +1,6 @@
 """The decode workers' turns (refmount.decode.turns): at most as many jobs at once as
-there are workers, each free turn to a job a reader waits for, else to the oldest."""
+there are workers, each free turn to a job a reader waits for, else to the one a reader
+going through in order comes to first, else to the oldest."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import trio
 import trio.testing
 
 from refmount.decode.turns import Ticket, Turns
+from refmount.decode.v3.shards import ShardLayout
 
 
 def test_a_free_turn_goes_to_the_job_a_reader_waits_for_then_to_the_oldest() -> None:
@@ -43,8 +45,15 @@ def test_a_free_turn_goes_to_the_job_a_reader_waits_for_then_to_the_oldest() -> 
             await trio.testing.wait_all_tasks_blocked()
             hold.set()
 
+        async with trio.open_nursery() as nursery:  # asked together: by rank, not start
+            for rank in (5, 1, 3, 2):
+                nursery.start_soon(job, f"rank {rank}", Ticket(rank=rank))
+
     trio.run(main)
-    assert order == ["running", "waited", "old", "newer", "held", "urgent", "later"]
+    assert order == [
+        *("running", "waited", "old", "newer", "held", "urgent", "later"),
+        *("rank 1", "rank 2", "rank 3", "rank 5"),
+    ]
 
 
 def test_turns_run_as_many_at_once_as_slots_and_a_cancelled_wait_loses_none() -> None:
@@ -93,3 +102,14 @@ async def _wait_turn(turns: Turns, scope: trio.CancelScope) -> None:
     with scope:
         async with turns.turn(Ticket()):
             pytest.fail("a turn taken by a cancelled wait")
+
+
+def test_inner_chunks_rank_as_a_reader_in_c_order_comes_to_them() -> None:
+    """Two shards side by side: the first rows of the second come before the last rows
+    of the first; an edge shard's inner chunks past the grid rank as the edge's."""
+    layout = ShardLayout((8, 8), end=True, checksummed=True)
+    first, second = layout.ranks((0, 0), (16, 16)), layout.ranks((0, 1), (16, 16))
+    assert first[:9] == [0, 1, 2, 3, 4, 5, 6, 7, 16] and second[:9] == [*range(8, 16), 24]
+    assert second[0] < first[8 * 4]  # (0, 8) before (4, 0)
+    edge = layout.ranks((1, 1), (12, 12))
+    assert (edge[0], edge[3], edge[4], edge[-1]) == (8 * 12 + 8, 8 * 12 + 11, 8 * 12 + 11, 143)

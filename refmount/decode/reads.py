@@ -74,9 +74,10 @@ ChunkKey = tuple[str, Ref]
 
 
 class _Member(NamedTuple):
-    """An inner chunk of a run decoded together: its bytes' offset in the run and
-    length, its key, and its part (``None``: the reader's own)."""
+    """An inner chunk of a run decoded together: its position in the shard, its bytes'
+    offset in the run and length, its key, and its part (``None``: the reader's own)."""
 
+    position: int
     offset: int
     length: int
     key: ChunkKey
@@ -247,7 +248,9 @@ class DecodedReads:
         if run is None:
             return await self._job(shard.inner, await self._range(source, offset, offset + length))
         self._ahead_of(url, source, shard)
-        decoded = await self._run(source, shard, run)
+        view, file_id = self._view_of(url)
+        ranks = None if view is None else view.inner_ranks(file_id)
+        decoded = await self._run(source, shard, run, ranks=ranks)
         assert decoded is not None  # a reader's run returns its chunk
         return decoded
 
@@ -269,11 +272,13 @@ class DecodedReads:
         if view is None:
             return
         async with trio.open_nursery() as nursery:
-            for source in await view.next_shards(file_id):
+            for source, ranks in await view.next_shards(file_id):
                 if source.url is not None:
-                    nursery.start_soon(self._shard_ahead, url, source, shard)
+                    nursery.start_soon(self._shard_ahead, url, source, ranks, shard)
 
-    async def _shard_ahead(self, url: str, source: Ref, shard: ShardDecoder) -> None:
+    async def _shard_ahead(
+        self, url: str, source: Ref, ranks: list[int], shard: ShardDecoder
+    ) -> None:
         """The first run of shard ``source`` decoded as read-ahead, once (a bounded
         record): a shard of at most :data:`RUN` inner chunks within :data:`RUN_BYTES`
         fetched whole, its index with its run in one request (one round trip, not two);
@@ -299,7 +304,7 @@ class DecodedReads:
             run = shard.first_run(index, size)
             if run is not None:
                 at = shard.at(run.spans[0][0])
-                await self._run(source, at, run, reader=False, fetched=whole)
+                await self._run(source, at, run, reader=False, fetched=whole, ranks=ranks)
         except (FetchError, DecodeError, JobFailed) as exc:
             log.debug("reading ahead of %s: %s", url, exc)
         except Exception as exc:  # in the cache's nursery: never the daemon's end
@@ -313,6 +318,7 @@ class DecodedReads:
         *,
         reader: bool = True,
         fetched: Buffer | None = None,
+        ranks: list[int] | None = None,
     ) -> Buffer | None:
         """Inner chunk ``shard.position`` decoded from ``run``'s bytes, fetched once,
         with the run's other inner chunks not yet decoded or being decoded: each is a
@@ -325,7 +331,8 @@ class DecodedReads:
         chunks to be decoded alone (and remembered, so they are not batched again), so a
         failure is its own chunk's only.  Without a ``reader``, every inner chunk of the
         run is read-ahead, and nothing is returned.  ``fetched``: the whole shard, if
-        fetched already."""
+        fetched already; ``ranks``: its inner chunks' (when a reader going through the
+        array in order comes to each), the order of the jobs' turns."""
         job, size = shard.inner.job, shard.size
         mine = next(span for span in run.spans if span[0] == shard.position)
         own = (shard.key, source)
@@ -336,17 +343,23 @@ class DecodedReads:
             for position, offset, length in run.spans:
                 key = (shard.at(position).key, source)
                 if reader and key == own:
-                    members.append(_Member(offset, length, key, None))
+                    members.append(_Member(position, offset, length, key, None))
                 elif room and key not in self._chunks and key not in self._alone:
                     part = DecodedPart(f"{SCHEME}run", size, ahead=True)
                     room = self.blocks.memory.reserve(part.reserved, ahead=True, now=now)
                     if room:
                         part.state = State.IN_FLIGHT
                         self._chunks[key] = part
-                        members.append(_Member(offset, length, key, part))
+                        members.append(_Member(position, offset, length, key, part))
         others = [member for member in members if member.part is not None]
         groups = [members[first : first + GROUP] for first in range(0, len(members), GROUP)]
-        tickets = [Ticket(urgent=any(m.part is None for m in group)) for group in groups]
+        tickets = [
+            Ticket(
+                urgent=any(m.part is None for m in group),
+                rank=min(ranks[m.position] for m in group) if ranks else 0,
+            )
+            for group in groups
+        ]
         for group, ticket in zip(groups, tickets, strict=True):
             for member in group:
                 if member.part is not None:

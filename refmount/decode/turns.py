@@ -8,7 +8,9 @@ a reader waiting for an inner chunk of the second shard would wait for the jobs 
 every shard read ahead before it.  :class:`Turns` lets at most as many of them run at
 once as there are workers, and gives each free turn to the waiting :class:`Ticket` a
 reader waits for (its ``urgent``, which a reader may set while it waits), else to the
-oldest one.
+one whose inner chunks a reader going through the array in order comes to first (its
+``rank``: the first shard's first rows, then the next shard's first rows, before the
+first shard's last rows), else to the oldest one.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ _serials = itertools.count()
 
 
 class Ticket:
-    """A job's place among the waiting ones: ``urgent`` first, then by age."""
+    """A job's place among the waiting ones: ``urgent`` first, then by ``rank`` (when a
+    reader going through in order comes to its work), then by age."""
 
-    __slots__ = ("_granted", "serial", "urgent")
+    __slots__ = ("_granted", "rank", "serial", "urgent")
 
-    def __init__(self, *, urgent: bool = False) -> None:
+    def __init__(self, *, urgent: bool = False, rank: int = 0) -> None:
         self.urgent = urgent
+        self.rank = rank
         self.serial = next(_serials)
         self._granted: trio.Event | None = None
 
@@ -54,13 +58,13 @@ class Turns:
             self._release()
 
     async def _acquire(self, ticket: Ticket) -> None:
-        if self._free and not self._waiting:
-            await trio.lowlevel.checkpoint_if_cancelled()
-            self._free -= 1
-            return
+        """Queue, let the jobs asked for together queue too (a run's jobs start at once,
+        in no set order), then wait for a turn."""
         ticket._granted = granted = trio.Event()
         self._waiting.append(ticket)
         try:
+            await trio.lowlevel.checkpoint()
+            self._grant()
             await granted.wait()
         except BaseException:
             if ticket in self._waiting:
@@ -70,10 +74,14 @@ class Turns:
             raise
 
     def _release(self) -> None:
-        if not self._waiting:
-            self._free += 1
-            return
-        best = min(self._waiting, key=lambda ticket: (not ticket.urgent, ticket.serial))
-        self._waiting.remove(best)
-        assert best._granted is not None
-        best._granted.set()
+        self._free += 1
+        self._grant()
+
+    def _grant(self) -> None:
+        """Each free turn to the most urgent waiting ticket."""
+        while self._free and self._waiting:
+            best = min(self._waiting, key=lambda t: (not t.urgent, t.rank, t.serial))
+            self._waiting.remove(best)
+            self._free -= 1
+            assert best._granted is not None
+            best._granted.set()

@@ -80,6 +80,17 @@ class ShardLayout:
         stop = min(first + AHEAD, math.prod(counts))
         return [tuple(int(i) for i in np.unravel_index(n, counts)) for n in range(first, stop)]
 
+    def ranks(self, shard: tuple[int, ...], grid: tuple[int, ...]) -> list[int]:
+        """Per inner chunk of ``shard`` (index order), its place in C order among the
+        inner chunks of an array of ``grid``: when a reader of the whole array in C
+        order comes to it (those past the grid's edge, never read, as the edge's)."""
+        if not grid:
+            return [0]
+        local = np.indices(self.per_shard).reshape(len(grid), -1)
+        first = np.array(shard)[:, None] * np.array(self.per_shard)[:, None]
+        within = np.minimum(first + local, np.array(grid)[:, None] - 1)
+        return [int(rank) for rank in np.ravel_multi_index(tuple(within), grid)]
+
     def inner_chunks(self, shard: tuple[int, ...]) -> list[tuple[int, ...]]:
         """The inner chunks of ``shard``, in index order."""
         starts = [s * n for s, n in zip(shard, self.per_shard, strict=True)]

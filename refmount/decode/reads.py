@@ -56,6 +56,14 @@ log = logging.getLogger(__name__)
 RECENT_SHARDS = 4096
 
 
+def _note(record: OrderedDict[Any, Any], key: Any, value: Any = None) -> None:
+    """Note ``key`` in a bounded record of recent ones: the oldest go past
+    :data:`RECENT_SHARDS`."""
+    record[key] = value
+    if len(record) > RECENT_SHARDS:
+        record.popitem(last=False)
+
+
 class DecodedPart(Part):
     """A part holding one decoded chunk; weakly referenceable, for the view's index.
     ``retry``: decoded with its run's other inner chunks by a job that failed, so its
@@ -259,9 +267,7 @@ class DecodedReads:
         (a second inner chunk of it read, or one read ahead)."""
         identity = (source.url, source.offset, source.checksum)
         if identity not in self._ahead_from:
-            self._ahead_from[identity] = None
-            if len(self._ahead_from) > RECENT_SHARDS:
-                self._ahead_from.popitem(last=False)
+            _note(self._ahead_from, identity)
             self.blocks.spawn(self._read_ahead, url, shard)
 
     async def _read_ahead(self, url: str, shard: ShardDecoder) -> None:
@@ -286,9 +292,7 @@ class DecodedReads:
         identity = (source.url, source.offset, source.checksum)
         if identity in self._shards_ahead:
             return
-        self._shards_ahead[identity] = None
-        if len(self._shards_ahead) > RECENT_SHARDS:
-            self._shards_ahead.popitem(last=False)
+        _note(self._shards_ahead, identity)
         try:
             assert source.url is not None
             size = source.length
@@ -423,9 +427,7 @@ class DecodedReads:
         except JobFailed as exc:
             log.info("%d inner chunks do not decode together (%s): each alone", len(spans), exc)
             for member in members:
-                self._alone[member.key] = None
-                if len(self._alone) > RECENT_SHARDS:
-                    self._alone.popitem(last=False)
+                _note(self._alone, member.key)
             return
         landed = trio.current_time()
         for member, data in zip(members, chunks, strict=True):
@@ -444,9 +446,7 @@ class DecodedReads:
         through the shard); notes the shard (a bounded record of recent shards)."""
         shard = (source.url, source.offset, source.checksum)
         last = self._last_inner.pop(shard, None)
-        self._last_inner[shard] = position
-        if len(self._last_inner) > RECENT_SHARDS:
-            self._last_inner.popitem(last=False)
+        _note(self._last_inner, shard, position)
         return last is not None and last != position
 
     async def _range(self, source: Ref, start: int, end: int) -> bytes | memoryview:

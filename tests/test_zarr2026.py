@@ -16,6 +16,7 @@ import os
 import re
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from refmount.decode.v3.shards import GROUP
 from tests.support import reader_runs
 from tests.support.reader_datasets import write_datasets
 from tests.support.reader_runs import EQUAL
+from tests.support.servers import RangeServer
 from tests.support.v3_2026 import (
     LEFT_OUT,
     codec_store,
@@ -327,6 +329,39 @@ def test_a_reader_going_through_a_shard_gets_the_next_shards_read_ahead(
         read(*shard)
     assert stats()["requests"] == requests, stats()
     assert stats()["decoded_chunks"] == 4 * 64, stats()
+
+
+def test_a_reader_coming_to_a_shard_being_read_ahead_waits_for_it(mount, tmp_path: Path) -> None:
+    """Over a server that answers each request after 0.5 s: a reader that comes to an
+    inner chunk of shard (0, 1) while that shard is still being read ahead waits for
+    the read-ahead's decoded chunks, and fetches neither the shard's index nor its
+    chunk nor its run again: the store sees one request per shard read ahead."""
+    root = tmp_path / "www"
+    values = sharded_store(root / "slow.zarr", (128, 128), seed=17)
+    with RangeServer(root, delay=0.5) as server:
+        refs = store_refs(root / "slow.zarr")
+        for key, ref in refs["refs"].items():
+            if isinstance(ref, list):
+                refs["refs"][key] = [f"{server.url}/slow.zarr/{key}", *ref[1:]]
+        m = mount(write_refs(refs, tmp_path / "refs.json"), "--decode", "--xattrs")
+        assert (m.mountpoint / "0.0").read_bytes() == values[:8, :8].tobytes()
+        with ThreadPoolExecutor(1) as pool:  # (0, 0)'s run, the next shards read ahead
+            second = pool.submit((m.mountpoint / "0.1").read_bytes)
+            deadline = time.monotonic() + 60
+            while server.stats()["requests"] < 2 + 1 + 3:  # all asked for, none answered
+                assert time.monotonic() < deadline, server.stats()
+                time.sleep(0.01)
+            assert (m.mountpoint / "0.9").read_bytes() == values[:8, 72:80].tobytes()
+            assert second.result() == values[:8, 8:16].tobytes()
+        for i in range(8):
+            for j in range(8, 16):
+                got = (m.mountpoint / f"{i}.{j}").read_bytes()
+                assert got == values[8 * i : 8 * i + 8, 8 * j : 8 * j + 8].tobytes(), (i, j)
+        stats = server.stats()
+        assert stats["requests"] == 6, stats
+        assert [r for r in stats["ranges"] if "c/0/1" in r[0]] == [
+            ["/slow.zarr/c/0/1", 0, (root / "slow.zarr/c/0/1").stat().st_size]
+        ], stats["ranges"]
 
 
 def test_a_run_decoded_together_stays_within_the_memory_budget(mount, tmp_path: Path) -> None:

@@ -115,8 +115,9 @@ class DecodedReads:
         self._last_inner: OrderedDict[tuple[str | None, int, Checksum | None], int] = OrderedDict()
         #: Shards whose next shard was read ahead (a bounded record).
         self._ahead_from: OrderedDict[tuple[str | None, int, Checksum | None], None] = OrderedDict()
-        #: Shards whose first run was read ahead (a bounded record).
-        self._shards_ahead: OrderedDict[tuple[str | None, int, Checksum | None], None] = (
+        #: Shards whose first run was read ahead (a bounded record): each set once its
+        #: inner chunks' parts are made (or the read-ahead is over).
+        self._shards_ahead: OrderedDict[tuple[str | None, int, Checksum | None], trio.Event] = (
             OrderedDict()
         )
         #: Inner chunks of a run whose job failed, decoded alone since (a bounded record).
@@ -174,6 +175,8 @@ class DecodedReads:
         if decoder.error is not None:
             raise FetchError(f"array {array or '/'!r}: {decoder.error}")
         key = (decoder.key, source)
+        if key not in self._chunks and isinstance(decoder, ShardDecoder):
+            await self._shard_landing(source)
         while (part := self._chunks.get(key)) is not None:
             if part.pending:
                 if part.ticket is not None:
@@ -292,7 +295,8 @@ class DecodedReads:
         identity = (source.url, source.offset, source.checksum)
         if identity in self._shards_ahead:
             return
-        _note(self._shards_ahead, identity)
+        reserved = trio.Event()
+        _note(self._shards_ahead, identity, reserved)
         try:
             assert source.url is not None
             size = source.length
@@ -308,11 +312,23 @@ class DecodedReads:
             run = shard.first_run(index, size)
             if run is not None:
                 at = shard.at(run.spans[0][0])
-                await self._run(source, at, run, reader=False, fetched=whole, ranks=ranks)
+                await self._run(
+                    source, at, run, reader=False, fetched=whole, ranks=ranks, reserved=reserved
+                )
         except (FetchError, DecodeError, JobFailed) as exc:
             log.debug("reading ahead of %s: %s", url, exc)
         except Exception as exc:  # in the cache's nursery: never the daemon's end
             log.warning("reading ahead of %s failed: %r", url, exc)
+        finally:
+            reserved.set()
+
+    async def _shard_landing(self, source: Ref) -> None:
+        """Wait, if shard ``source`` is being read ahead, until its inner chunks' parts
+        are made: a reader that comes to it meanwhile then waits for its part rather than
+        fetching the shard's index, its chunk and its run again."""
+        reserved = self._shards_ahead.get((source.url, source.offset, source.checksum))
+        if reserved is not None:
+            await reserved.wait()
 
     async def _run(
         self,
@@ -323,6 +339,7 @@ class DecodedReads:
         reader: bool = True,
         fetched: Buffer | None = None,
         ranks: list[int] | None = None,
+        reserved: trio.Event | None = None,
     ) -> Buffer | None:
         """Inner chunk ``shard.position`` decoded from ``run``'s bytes, fetched once,
         with the run's other inner chunks not yet decoded or being decoded: each is a
@@ -336,7 +353,8 @@ class DecodedReads:
         failure is its own chunk's only.  Without a ``reader``, every inner chunk of the
         run is read-ahead, and nothing is returned.  ``fetched``: the whole shard, if
         fetched already; ``ranks``: its inner chunks' (when a reader going through the
-        array in order comes to each), the order of the jobs' turns."""
+        array in order comes to each), the order of the jobs' turns; ``reserved``: set
+        once the parts are made."""
         job, size = shard.inner.job, shard.size
         mine = next(span for span in run.spans if span[0] == shard.position)
         own = (shard.key, source)
@@ -355,6 +373,8 @@ class DecodedReads:
                         part.state = State.IN_FLIGHT
                         self._chunks[key] = part
                         members.append(_Member(position, offset, length, key, part))
+        if reserved is not None:
+            reserved.set()
         others = [member for member in members if member.part is not None]
         groups = [members[first : first + GROUP] for first in range(0, len(members), GROUP)]
         tickets = [

@@ -344,9 +344,8 @@ class DecodedReads:
         """Inner chunk ``shard.position`` decoded from ``run``'s bytes, fetched once,
         with the run's other inner chunks not yet decoded or being decoded: each is a
         decoded chunk in flight at once (its readers wait for it), decoded in jobs of
-        :data:`GROUP` inner chunks (a reader's in C order: the first rows first, given
-        ``ranks``; else neighbours in the run's bytes), each job given the run's bytes
-        that hold them only, then kept as read-ahead (under the budget's read-ahead share:
+        :data:`GROUP` inner chunks neighbours in the run's bytes (each job given its
+        own bytes only), then kept as read-ahead (under the budget's read-ahead share:
         those without room are left to their own reads).  The jobs take turns at the
         workers (:class:`~refmount.decode.turns.Turns`): the one holding the reader's
         chunk, or one a reader waits for, first.  A job that fails leaves its inner
@@ -377,8 +376,6 @@ class DecodedReads:
         if reserved is not None:
             reserved.set()
         others = [member for member in members if member.part is not None]
-        if ranks:  # each job the inner chunks a reader in C order needs together
-            members.sort(key=lambda member: ranks[member.position])
         groups = [members[first : first + GROUP] for first in range(0, len(members), GROUP)]
         tickets = [
             Ticket(
@@ -432,12 +429,11 @@ class DecodedReads:
         found: list[Buffer],
     ) -> None:
         """Inner chunks (``size`` bytes each decoded) ``members`` of the run ``raw``
-        decoded in one ``decode-run`` job, given the run's bytes from the first of theirs
-        to the last, when ``ticket`` has its turn; its output read straight into each
+        decoded in one ``decode-run`` job, given the bytes from the first one's to the
+        last one's, when ``ticket`` has its turn; its output read straight into each
         one's own buffer, landed in its part (``None``: the reader's own, put in
         ``found``); a failed job lands none, and its chunks are decoded alone since."""
-        first = min(member.offset for member in members)
-        last = max(member.offset + member.length for member in members)
+        first, last = members[0].offset, members[-1].offset + members[-1].length
         spans = [[member.offset - first, member.length] for member in members]
         try:
             async with self._turns.turn(ticket):

@@ -20,8 +20,11 @@ Systems, each read in a fresh process from a fresh mount (cold):
            workers start at mount, maybe not yet ready), and after one chunk of another
            small array (``warm``) read first, untimed, so the workers run
   second   ``--decode``, the same reader again on the same mount: everything decoded
-           already (the daemon's cache, the kernel's page cache), what the reader alone
-           costs through FUSE
+           already (the daemon's cache, the kernel's page cache): the reader's cost with
+           every read answered by the kernel
+  dropped  the same, the kernel's page cache of the array's files dropped first
+           (``posix_fadvise(DONTNEED)``): every read answered by the daemon from its
+           cache, no fetch and no decoding left (lookups still cached by the kernel)
   tmpfs    the decoded v2 tree copied to a tmpfs (``/dev/shm``) and read there: the
            reader's own floor, no FUSE, no network, no decoding by refmount
   one      ``--decode``, one inner chunk only: bytes fetched against the inner chunk
@@ -116,7 +119,9 @@ def measure(
     """One read in a fresh process from a fresh mount: seconds, checksum, requests and
     bytes the daemon fetched, decoding jobs.  ``mode``: ``fresh`` (the first read of a
     fresh daemon), ``workers`` (after one chunk of another array), ``second`` (the
-    second read of the same reader after ``workers``: the second's seconds)."""
+    second read of the same reader after ``workers``: the second's seconds),
+    ``dropped`` (the same, the kernel's page cache of the array's files dropped between
+    the two)."""
     mnt = work / "mnt"
     mnt.mkdir(exist_ok=True)
     mounted = Mounted(refs, mnt, [*args, "--xattrs"], work / "refmount.log")
@@ -127,11 +132,25 @@ def measure(
             start = time.perf_counter()
             subprocess.run(["cat", str(mnt / read[1])], capture_output=True, check=True)
             return (time.perf_counter() - start, "-", *stats(mnt))
-        for _ in range(2 if mode == "second" else 1):
+        seconds_text, total = python(READ, str(mnt / "field"), read[1])
+        if mode in ("second", "dropped"):
+            if mode == "dropped":
+                drop_page_cache(mnt / "field")
             seconds_text, total = python(READ, str(mnt / "field"), read[1])
         return (float(seconds_text), total, *stats(mnt))
     finally:
         mounted.stop()
+
+
+def drop_page_cache(root: Path) -> None:
+    """Drop the kernel's cached pages of every file below ``root``."""
+    for path in root.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 def on_tmpfs(refs: Path, work: Path, repeat: int) -> tuple[float, str]:
@@ -180,6 +199,8 @@ def main() -> None:
                 "decoded (zarr, v2), workers started": (["--decode"], ["zarr", "2"], "workers"),
                 "decoded, warm (second read of the same mount)": (
                     ["--decode"], ["zarr", "2"], "second"),
+                "decoded, daemon warm (second read, page cache dropped)": (
+                    ["--decode"], ["zarr", "2"], "dropped"),
                 "decoded, one inner chunk (cat)": (["--decode"], ["cat", "field/3.5"], "workers"),
             }  # fmt: skip
             print("| system | seconds | requests | MB fetched | decode jobs | sum equal | load |")

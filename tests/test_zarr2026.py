@@ -364,6 +364,33 @@ def test_a_reader_coming_to_a_shard_being_read_ahead_waits_for_it(mount, tmp_pat
         ], stats["ranges"]
 
 
+def test_two_readers_entering_a_shard_together_get_it_in_one_request(mount, tmp_path: Path) -> None:
+    """Over a server that answers each request after 0.5 s: two inner chunks of a shard
+    read at once, before its index has come: the first its index and its own range, the
+    second (a reader going through) the whole shard in one request, not the index and
+    then the run; both exact."""
+    root = tmp_path / "www"
+    values = sharded_store(root / "both.zarr", (64, 64), seed=19)
+    size = (root / "both.zarr/c/0/0").stat().st_size
+    with RangeServer(root, delay=0.5) as server:
+        refs = store_refs(root / "both.zarr")
+        for key, ref in refs["refs"].items():
+            if isinstance(ref, list):
+                refs["refs"][key] = [f"{server.url}/both.zarr/{key}", *ref[1:]]
+        m = mount(write_refs(refs, tmp_path / "refs.json"), "--decode")
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit((m.mountpoint / "0.0").read_bytes)
+            deadline = time.monotonic() + 60
+            while server.stats()["requests"] < 1:  # the first read's index asked for
+                assert time.monotonic() < deadline, server.stats()
+                time.sleep(0.01)
+            second = pool.submit((m.mountpoint / "0.1").read_bytes)
+            assert first.result() == values[:8, :8].tobytes()
+            assert second.result() == values[:8, 8:16].tobytes()
+        ranges = [(start, end) for _, start, end in server.stats()["ranges"]]
+        assert (0, size) in ranges and len(ranges) == 3, ranges  # index, 0.0, the shard
+
+
 def test_a_run_decoded_together_stays_within_the_memory_budget(mount, tmp_path: Path) -> None:
     """With a 1 MiB cache, a shard's run (about 0.5 MB stored, 0.5 MiB decoded) does not
     fit whole with its decoded chunks (the read-ahead share is half the budget): what has

@@ -64,6 +64,12 @@ def _note(record: OrderedDict[Any, Any], key: Any, value: Any = None) -> None:
         record.popitem(last=False)
 
 
+def _whole(shard: ShardDecoder, size: int) -> bool:
+    """Whether a shard of ``size`` bytes is read whole by a reader going through it: it
+    is one run (at most :data:`RUN` inner chunks, :data:`RUN_BYTES`)."""
+    return size <= RUN_BYTES and shard.layout.count <= RUN
+
+
 class DecodedPart(Part):
     """A part holding one decoded chunk; weakly referenceable, for the view's index.
     ``retry``: decoded with its run's other inner chunks by a job that failed, so its
@@ -120,6 +126,8 @@ class DecodedReads:
         self._shards_ahead: OrderedDict[tuple[str | None, int, Checksum | None], trio.Event] = (
             OrderedDict()
         )
+        #: Shards whose index was read (a bounded record).
+        self._indexed: OrderedDict[tuple[str | None, int, Checksum | None], None] = OrderedDict()
         #: Inner chunks of a run whose job failed, decoded alone since (a bounded record).
         self._alone: OrderedDict[ChunkKey, None] = OrderedDict()
         self._counters = dict.fromkeys(
@@ -250,18 +258,31 @@ class DecodedReads:
         if size is None:
             size = await self.blocks.fetcher.size(source.url)
         start, end = shard.index_range(size)
-        index = await self._range(source, start, end)
+        going = self._in_order(source, shard.position)
+        if going:  # the next shards' bytes on their way before this one's come
+            self._ahead_of(url, source, shard)
+        identity = (source.url, source.offset, source.checksum)
+        whole = None
+        if going and identity not in self._indexed and _whole(shard, size):
+            # a reader going through a shard whose index is not in yet: the shard in
+            # one request, its index with its run (one round trip, not two)
+            whole = await self._range(source, 0, size)
+            index = memoryview(whole)[start:end]
+        else:
+            index = await self._range(source, start, end)
+        _note(self._indexed, identity)
         found = shard.locate(index, size)
         if found is None:
             return shard.filled()
         offset, length = found
-        run = shard.run(index, size) if self._in_order(source, shard.position) else None
+        run = shard.run(index, size) if going else None
         if run is None:
+            if whole is not None:
+                return await self._job(shard.inner, memoryview(whole)[offset : offset + length])
             return await self._job(shard.inner, await self._range(source, offset, offset + length))
-        self._ahead_of(url, source, shard)
         view, file_id = self._view_of(url)
         ranks = None if view is None else view.inner_ranks(file_id)
-        decoded = await self._run(source, shard, run, ranks=ranks)
+        decoded = await self._run(source, shard, run, fetched=whole, ranks=ranks)
         assert decoded is not None  # a reader's run returns its chunk
         return decoded
 
@@ -304,7 +325,7 @@ class DecodedReads:
                 size = await self.blocks.fetcher.size(source.url)
             start, end = shard.index_range(size)
             whole = None
-            if size <= RUN_BYTES and shard.layout.count <= RUN:
+            if _whole(shard, size):
                 whole = await self._range(source, 0, size)
                 index = memoryview(whole)[start:end]
             else:
@@ -389,15 +410,14 @@ class DecodedReads:
                 if member.part is not None:
                     member.part.ticket = ticket
         try:
-            if reader and not others:
-                raw = await self._range(source, run.start, run.end)
-                return await self._job(shard.inner, memoryview(raw)[mine[1] : mine[1] + mine[2]])
-            if not others:
+            if not (reader or others):
                 return None
             if fetched is None:
                 raw: Buffer = await self._range(source, run.start, run.end)
             else:
                 raw = memoryview(fetched)[run.start : run.end]
+            if not others:
+                return await self._job(shard.inner, memoryview(raw)[mine[1] : mine[1] + mine[2]])
             assert job is not None
             found: list[Buffer] = []
             async with trio.open_nursery() as nursery:

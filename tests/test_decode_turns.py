@@ -1,10 +1,8 @@
 """The decode workers' turns (refmount.decode.turns): at most as many jobs at once as
 there are workers, each free turn to a job a reader waits for, else to the one a reader
-going through in order comes to first, else to the oldest; read-ahead leaves one free."""
+going through in order comes to first, else to the oldest."""
 
 from __future__ import annotations
-
-from functools import partial
 
 import pytest
 import trio
@@ -62,16 +60,16 @@ def test_turns_run_as_many_at_once_as_slots_and_a_cancelled_wait_loses_none() ->
     async def main() -> None:
         turns, running, most = Turns(2), 0, 0
 
-        async def job(urgent: bool = True) -> None:
+        async def job() -> None:
             nonlocal running, most
-            async with turns.turn(Ticket(urgent=urgent)):
+            async with turns.turn(Ticket()):
                 running += 1
                 most = max(most, running)
                 await trio.sleep(0.01)
                 running -= 1
 
-        async def held(task_status=trio.TASK_STATUS_IGNORED, urgent: bool = True) -> None:
-            async with turns.turn(Ticket(urgent=urgent)):
+        async def held(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            async with turns.turn(Ticket()):
                 task_status.started()
                 await trio.sleep_forever()
 
@@ -79,16 +77,6 @@ def test_turns_run_as_many_at_once_as_slots_and_a_cancelled_wait_loses_none() ->
             for _ in range(6):
                 nursery.start_soon(job)
         assert most == 2
-        most = 0
-        async with trio.open_nursery() as nursery:  # read-ahead leaves a turn free
-            for _ in range(4):
-                nursery.start_soon(job, False)
-        assert most == 1
-        with trio.fail_after(5):  # ... for a job a reader waits for
-            async with trio.open_nursery() as nursery:
-                await nursery.start(partial(held, urgent=False))
-                async with turns.turn(Ticket(urgent=True)):
-                    nursery.cancel_scope.cancel()
         with trio.move_on_after(0.05) as waited:  # both turns held: this wait is cancelled
             async with trio.open_nursery() as nursery:
                 for _ in range(2):
@@ -104,8 +92,7 @@ def test_turns_run_as_many_at_once_as_slots_and_a_cancelled_wait_loses_none() ->
                 await trio.testing.wait_all_tasks_blocked()
                 scope.cancel()
         with trio.fail_after(5):  # every turn came back
-            urgent = [Ticket(urgent=True) for _ in range(2)]
-            async with turns.turn(urgent[0]), turns.turn(urgent[1]), single.turn(Ticket()):
+            async with turns.turn(Ticket()), turns.turn(Ticket()), single.turn(Ticket()):
                 pass
 
     trio.run(main)

@@ -10,9 +10,7 @@ once as there are workers, and gives each free turn to the waiting :class:`Ticke
 reader waits for (its ``urgent``, which a reader may set while it waits), else to the
 one whose inner chunks a reader going through the array in order comes to first (its
 ``rank``: the first shard's first rows, then the next shard's first rows, before the
-first shard's last rows), else to the oldest one.  Jobs no reader waits for (read-ahead)
-hold all turns but one at most, so that the job a reader comes to wait for next does
-not wait behind read-ahead that happened to ask first.
+first shard's last rows), else to the oldest one.
 """
 
 from __future__ import annotations
@@ -30,14 +28,13 @@ class Ticket:
     """A job's place among the waiting ones: ``urgent`` first, then by ``rank`` (when a
     reader going through in order comes to its work), then by age."""
 
-    __slots__ = ("_ahead", "_granted", "rank", "serial", "urgent")
+    __slots__ = ("_granted", "rank", "serial", "urgent")
 
     def __init__(self, *, urgent: bool = False, rank: int = 0) -> None:
         self.urgent = urgent
         self.rank = rank
         self.serial = next(_serials)
         self._granted: trio.Event | None = None
-        self._ahead = False  # its turn given while no reader waited for it
 
     def hurry(self) -> None:
         """A reader waits for this job: it comes before every job no reader waits for."""
@@ -45,13 +42,10 @@ class Ticket:
 
 
 class Turns:
-    """At most ``slots`` jobs at once, each free turn to the most urgent ticket; those no
-    reader waits for, ``slots - 1`` at once at most (of two or more)."""
+    """At most ``slots`` jobs at once, each free turn to the most urgent ticket."""
 
     def __init__(self, slots: int) -> None:
         self._free = max(1, slots)
-        self._ahead_most = max(1, slots - 1)
-        self._ahead = 0  # turns held by tickets no reader waited for
         self._waiting: list[Ticket] = []
 
     @asynccontextmanager
@@ -61,7 +55,7 @@ class Turns:
         try:
             yield
         finally:
-            self._release(ticket)
+            self._release()
 
     async def _acquire(self, ticket: Ticket) -> None:
         """Queue, let the jobs asked for together queue too (a run's jobs start at once,
@@ -76,23 +70,18 @@ class Turns:
             if ticket in self._waiting:
                 self._waiting.remove(ticket)
             else:  # handed a turn it will not take: the next one's
-                self._release(ticket)
+                self._release()
             raise
 
-    def _release(self, ticket: Ticket) -> None:
+    def _release(self) -> None:
         self._free += 1
-        self._ahead -= ticket._ahead
         self._grant()
 
     def _grant(self) -> None:
         """Each free turn to the most urgent waiting ticket."""
         while self._free and self._waiting:
             best = min(self._waiting, key=lambda t: (not t.urgent, t.rank, t.serial))
-            if not best.urgent and self._ahead >= self._ahead_most:
-                return  # the last free turn is kept for a job a reader waits for
             self._waiting.remove(best)
             self._free -= 1
-            best._ahead = not best.urgent
-            self._ahead += best._ahead
             assert best._granted is not None
             best._granted.set()

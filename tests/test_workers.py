@@ -190,3 +190,28 @@ def test_the_in_process_runner_runs_the_same_jobs() -> None:
     assert bytes(trio.run(runner.submit, "decode", SPEC, RAW, SIZE)) == VALUES.tobytes()
     with pytest.raises(JobFailed, match="zlib"):
         trio.run(runner.submit, "decode", SPEC, b"junk", SIZE)
+
+
+def test_a_job_lands_its_output_in_the_buffers_given_across_them() -> None:
+    """``submit_into``: a run of three chunks decoded by one job lands each chunk in its
+    own buffer (the daemon reads the reply straight into them); a failure's message,
+    longer than the buffers, is whole; the in-process runner does the same."""
+    run = {"decoder": SPEC, "spans": [[i * len(RAW), len(RAW)] for i in range(3)]}
+
+    async def check(runner) -> None:
+        chunks = [bytearray(SIZE) for _ in range(3)]
+        await runner.submit_into("decode-run", run, RAW * 3, [memoryview(c) for c in chunks])
+        assert [bytes(c) for c in chunks] == [VALUES.tobytes()] * 3
+        small = [memoryview(bytearray(2)) for _ in range(3)]
+        with pytest.raises(JobFailed, match=r"-byte chunks asked for 6 bytes"):
+            await runner.submit_into("decode-run", run, RAW * 3, small)
+        chunks = [bytearray(SIZE) for _ in range(3)]  # the worker serves on
+        await runner.submit_into("decode-run", run, RAW * 3, [memoryview(c) for c in chunks])
+        assert [bytes(c) for c in chunks] == [VALUES.tobytes()] * 3
+
+    async def test(pool: WorkerPool) -> None:
+        await check(pool)
+        assert pool.stats()["worker_starts"] == 1
+
+    run_pool(test)
+    trio.run(check, InProcessRunner(1))

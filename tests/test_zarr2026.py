@@ -17,6 +17,7 @@ import re
 import subprocess
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -458,9 +459,11 @@ def test_a_reader_going_through_a_shard_gets_the_next_shards_read_ahead(
     mount, tmp_path: Path
 ) -> None:
     """2 x 2 shards of 64 inner chunks: once a reader goes through shard (0, 0) (a second
-    inner chunk of it read), the next two in C order, (0, 1) and (1, 0) (a row of shards
-    holds two), are fetched and decoded in the background; once it reads them, (1, 1)
-    is; reading a shard read ahead asks the store for nothing more; all exact."""
+    inner chunk of it read), the next ones in C order, (0, 1), (1, 0) and (1, 1), are
+    fetched and decoded in the background, all at once (a reader of whole rows enters
+    the row of shards it is in and the next one before it leaves the first shard), each
+    shard read ahead in one request (its index with its inner chunks); reading the
+    shards read ahead asks the store for nothing more; all exact."""
     store = tmp_path / "four.zarr"
     values = sharded_store(store, (128, 128), seed=13)
     m = mount(write_refs(store_refs(store), tmp_path / "refs.json"), "--decode", "--xattrs")
@@ -484,13 +487,72 @@ def test_a_reader_going_through_a_shard_gets_the_next_shards_read_ahead(
 
     for j in (0, 1):
         assert (m.mountpoint / f"0.{j}").read_bytes() == values[:8, 8 * j : 8 * j + 8].tobytes()
-    read_ahead(3)
-    read(0, 1)
-    read(1, 0)
     requests = read_ahead(4)
-    read(1, 1)
+    assert requests == 3 + 3, stats()  # (0, 0)'s index, first inner chunk and run
+    for shard in ((0, 1), (1, 0), (1, 1)):
+        read(*shard)
     assert stats()["requests"] == requests, stats()
     assert stats()["decoded_chunks"] == 4 * 64, stats()
+
+
+def test_a_reader_coming_to_a_shard_being_read_ahead_waits_for_it(mount, tmp_path: Path) -> None:
+    """Over a server that answers each request after 0.5 s: a reader that comes to an
+    inner chunk of shard (0, 1) while that shard is still being read ahead waits for
+    the read-ahead's decoded chunks, and fetches neither the shard's index nor its
+    chunk nor its run again: the store sees one request per shard read ahead."""
+    root = tmp_path / "www"
+    values = sharded_store(root / "slow.zarr", (128, 128), seed=17)
+    with RangeServer(root, delay=0.5) as server:
+        refs = store_refs(root / "slow.zarr")
+        for key, ref in refs["refs"].items():
+            if isinstance(ref, list):
+                refs["refs"][key] = [f"{server.url}/slow.zarr/{key}", *ref[1:]]
+        m = mount(write_refs(refs, tmp_path / "refs.json"), "--decode", "--xattrs")
+        assert (m.mountpoint / "0.0").read_bytes() == values[:8, :8].tobytes()
+        with ThreadPoolExecutor(1) as pool:  # (0, 0)'s run, the next shards read ahead
+            second = pool.submit((m.mountpoint / "0.1").read_bytes)
+            deadline = time.monotonic() + 60
+            while server.stats()["requests"] < 2 + 1 + 3:  # all asked for, none answered
+                assert time.monotonic() < deadline, server.stats()
+                time.sleep(0.01)
+            assert (m.mountpoint / "0.9").read_bytes() == values[:8, 72:80].tobytes()
+            assert second.result() == values[:8, 8:16].tobytes()
+        for i in range(8):
+            for j in range(8, 16):
+                got = (m.mountpoint / f"{i}.{j}").read_bytes()
+                assert got == values[8 * i : 8 * i + 8, 8 * j : 8 * j + 8].tobytes(), (i, j)
+        stats = server.stats()
+        assert stats["requests"] == 6, stats
+        assert [r for r in stats["ranges"] if "c/0/1" in r[0]] == [
+            ["/slow.zarr/c/0/1", 0, (root / "slow.zarr/c/0/1").stat().st_size]
+        ], stats["ranges"]
+
+
+def test_two_readers_entering_a_shard_together_get_it_in_one_request(mount, tmp_path: Path) -> None:
+    """Over a server that answers each request after 0.5 s: two inner chunks of a shard
+    read at once, before its index has come: the first its index and its own range, the
+    second (a reader going through) the whole shard in one request, not the index and
+    then the run; both exact."""
+    root = tmp_path / "www"
+    values = sharded_store(root / "both.zarr", (64, 64), seed=19)
+    size = (root / "both.zarr/c/0/0").stat().st_size
+    with RangeServer(root, delay=0.5) as server:
+        refs = store_refs(root / "both.zarr")
+        for key, ref in refs["refs"].items():
+            if isinstance(ref, list):
+                refs["refs"][key] = [f"{server.url}/both.zarr/{key}", *ref[1:]]
+        m = mount(write_refs(refs, tmp_path / "refs.json"), "--decode")
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit((m.mountpoint / "0.0").read_bytes)
+            deadline = time.monotonic() + 60
+            while server.stats()["requests"] < 1:  # the first read's index asked for
+                assert time.monotonic() < deadline, server.stats()
+                time.sleep(0.01)
+            second = pool.submit((m.mountpoint / "0.1").read_bytes)
+            assert first.result() == values[:8, :8].tobytes()
+            assert second.result() == values[:8, 8:16].tobytes()
+        ranges = [(start, end) for _, start, end in server.stats()["ranges"]]
+        assert (0, size) in ranges and len(ranges) == 3, ranges  # index, 0.0, the shard
 
 
 def test_a_run_decoded_together_stays_within_the_memory_budget(mount, tmp_path: Path) -> None:

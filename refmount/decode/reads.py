@@ -33,7 +33,7 @@ import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -42,7 +42,8 @@ from refmount.cache.parts import State
 from refmount.decode.chunkjob import MEASURE_SIZE
 from refmount.decode.codecs import Buffer, ChunkDecoding, DecodeError
 from refmount.decode.strings import StringMeasure
-from refmount.decode.v3.shards import BATCH_BYTES, GROUP, Run, ShardDecoder
+from refmount.decode.turns import Ticket, Turns
+from refmount.decode.v3.shards import BATCH_BYTES, GROUP, RUN, RUN_BYTES, Run, ShardDecoder
 from refmount.decode.view import SCHEME, DecodedRefSet
 from refmount.errors import FetchError
 from refmount.refs.model import Checksum, Ref, RefSet
@@ -55,19 +56,46 @@ log = logging.getLogger(__name__)
 RECENT_SHARDS = 4096
 
 
+def _note(record: OrderedDict[Any, Any], key: Any, value: Any = None) -> None:
+    """Note ``key`` in a bounded record of recent ones: the oldest go past
+    :data:`RECENT_SHARDS`."""
+    record[key] = value
+    if len(record) > RECENT_SHARDS:
+        record.popitem(last=False)
+
+
+def _whole(shard: ShardDecoder, size: int) -> bool:
+    """Whether a shard of ``size`` bytes is read whole by a reader going through it: it
+    is one run (at most :data:`RUN` inner chunks, :data:`RUN_BYTES`)."""
+    return size <= RUN_BYTES and shard.layout.count <= RUN
+
+
 class DecodedPart(Part):
     """A part holding one decoded chunk; weakly referenceable, for the view's index.
     ``retry``: decoded with its run's other inner chunks by a job that failed, so its
     readers decode it alone (the failure may be another chunk's)."""
 
-    __slots__ = ("__weakref__", "retry")
+    __slots__ = ("__weakref__", "retry", "ticket")
 
     def __init__(self, url: str, size: int, *, ahead: bool = False) -> None:
         super().__init__(url, 0, size, ahead=ahead)
         self.retry = False
+        #: The turn of the job decoding it with its run's other inner chunks, if any.
+        self.ticket: Ticket | None = None
 
 
 ChunkKey = tuple[str, Ref]
+
+
+class _Member(NamedTuple):
+    """An inner chunk of a run decoded together: its position in the shard, its bytes'
+    offset in the run and length, its key, and its part (``None``: the reader's own)."""
+
+    position: int
+    offset: int
+    length: int
+    key: ChunkKey
+    part: DecodedPart | None
 
 
 class DecodedReads:
@@ -79,6 +107,8 @@ class DecodedReads:
         self.blocks = blocks
         self.runner = runner or InProcessRunner(max(1, os.cpu_count() or 1))
         self.fixed_strings = fixed_strings
+        #: The workers' turns of the jobs decoding runs of inner chunks together.
+        self._turns = Turns(self.runner.capacity)
         self._limiter: trio.CapacityLimiter | None = None
         self._views: weakref.WeakValueDictionary[int, DecodedRefSet] = weakref.WeakValueDictionary()
         self._serials = itertools.count()
@@ -91,6 +121,13 @@ class DecodedReads:
         self._last_inner: OrderedDict[tuple[str | None, int, Checksum | None], int] = OrderedDict()
         #: Shards whose next shard was read ahead (a bounded record).
         self._ahead_from: OrderedDict[tuple[str | None, int, Checksum | None], None] = OrderedDict()
+        #: Shards whose first run was read ahead (a bounded record): each set once its
+        #: inner chunks' parts are made (or the read-ahead is over).
+        self._shards_ahead: OrderedDict[tuple[str | None, int, Checksum | None], trio.Event] = (
+            OrderedDict()
+        )
+        #: Shards whose index was read (a bounded record).
+        self._indexed: OrderedDict[tuple[str | None, int, Checksum | None], None] = OrderedDict()
         #: Inner chunks of a run whose job failed, decoded alone since (a bounded record).
         self._alone: OrderedDict[ChunkKey, None] = OrderedDict()
         self._counters = dict.fromkeys(
@@ -146,8 +183,12 @@ class DecodedReads:
         if decoder.error is not None:
             raise FetchError(f"array {array or '/'!r}: {decoder.error}")
         key = (decoder.key, source)
+        if key not in self._chunks and isinstance(decoder, ShardDecoder):
+            await self._shard_landing(source)
         while (part := self._chunks.get(key)) is not None:
             if part.pending:
+                if part.ticket is not None:
+                    part.ticket.hurry()
                 await part.wait()
             if part.retry:  # its run's job failed: decoded alone below
                 continue
@@ -217,16 +258,31 @@ class DecodedReads:
         if size is None:
             size = await self.blocks.fetcher.size(source.url)
         start, end = shard.index_range(size)
-        index = await self._range(source, start, end)
+        going = self._in_order(source, shard.position)
+        if going:  # the next shards' bytes on their way before this one's come
+            self._ahead_of(url, source, shard)
+        identity = (source.url, source.offset, source.checksum)
+        whole = None
+        if going and identity not in self._indexed and _whole(shard, size):
+            # a reader going through a shard whose index is not in yet: the shard in
+            # one request, its index with its run (one round trip, not two)
+            whole = await self._range(source, 0, size)
+            index = memoryview(whole)[start:end]
+        else:
+            index = await self._range(source, start, end)
+        _note(self._indexed, identity)
         found = shard.locate(index, size)
         if found is None:
             return shard.filled()
         offset, length = found
-        run = shard.run(index, size) if self._in_order(source, shard.position) else None
+        run = shard.run(index, size) if going else None
         if run is None:
+            if whole is not None:
+                return await self._job(shard.inner, memoryview(whole)[offset : offset + length])
             return await self._job(shard.inner, await self._range(source, offset, offset + length))
-        self._ahead_of(url, source, shard)
-        decoded = await self._run(source, shard, run)
+        view, file_id = self._view_of(url)
+        ranks = None if view is None else view.inner_ranks(file_id)
+        decoded = await self._run(source, shard, run, fetched=whole, ranks=ranks)
         assert decoded is not None  # a reader's run returns its chunk
         return decoded
 
@@ -235,9 +291,7 @@ class DecodedReads:
         (a second inner chunk of it read, or one read ahead)."""
         identity = (source.url, source.offset, source.checksum)
         if identity not in self._ahead_from:
-            self._ahead_from[identity] = None
-            if len(self._ahead_from) > RECENT_SHARDS:
-                self._ahead_from.popitem(last=False)
+            _note(self._ahead_from, identity)
             self.blocks.spawn(self._read_ahead, url, shard)
 
     async def _read_ahead(self, url: str, shard: ShardDecoder) -> None:
@@ -245,109 +299,179 @@ class DecodedReads:
         ``url`` lies in reads next, its inner chunks decoded as read-ahead in the
         background; failures are left to the reads."""
         view, file_id = self._view_of(url)
+        if view is None:
+            return
+        async with trio.open_nursery() as nursery:
+            for source, ranks in await view.next_shards(file_id):
+                if source.url is not None:
+                    nursery.start_soon(self._shard_ahead, url, source, ranks, shard)
+
+    async def _shard_ahead(
+        self, url: str, source: Ref, ranks: list[int], shard: ShardDecoder
+    ) -> None:
+        """The first run of shard ``source`` decoded as read-ahead, once (a bounded
+        record): a shard of at most :data:`RUN` inner chunks within :data:`RUN_BYTES`
+        fetched whole, its index with its run in one request (one round trip, not two);
+        a larger one's index, then its first run."""
+        identity = (source.url, source.offset, source.checksum)
+        if identity in self._shards_ahead:
+            return
+        reserved = trio.Event()
+        _note(self._shards_ahead, identity, reserved)
         try:
-            for source in [] if view is None else await view.next_shards(file_id):
-                if source.url is None:
-                    continue
-                size = source.length
-                if size is None:
-                    size = await self.blocks.fetcher.size(source.url)
-                start, end = shard.index_range(size)
-                run = shard.first_run(await self._range(source, start, end), size)
-                if run is not None:
-                    await self._run(source, shard.at(run.spans[0][0]), run, reader=False)
+            assert source.url is not None
+            size = source.length
+            if size is None:
+                size = await self.blocks.fetcher.size(source.url)
+            start, end = shard.index_range(size)
+            whole = None
+            if _whole(shard, size):
+                whole = await self._range(source, 0, size)
+                index = memoryview(whole)[start:end]
+            else:
+                index = await self._range(source, start, end)
+            run = shard.first_run(index, size)
+            if run is not None:
+                at = shard.at(run.spans[0][0])
+                await self._run(
+                    source, at, run, reader=False, fetched=whole, ranks=ranks, reserved=reserved
+                )
         except (FetchError, DecodeError, JobFailed) as exc:
             log.debug("reading ahead of %s: %s", url, exc)
         except Exception as exc:  # in the cache's nursery: never the daemon's end
             log.warning("reading ahead of %s failed: %r", url, exc)
+        finally:
+            reserved.set()
+
+    async def _shard_landing(self, source: Ref) -> None:
+        """Wait, if shard ``source`` is being read ahead, until its inner chunks' parts
+        are made: a reader that comes to it meanwhile then waits for its part rather than
+        fetching the shard's index, its chunk and its run again."""
+        reserved = self._shards_ahead.get((source.url, source.offset, source.checksum))
+        if reserved is not None:
+            await reserved.wait()
 
     async def _run(
-        self, source: Ref, shard: ShardDecoder, run: Run, *, reader: bool = True
+        self,
+        source: Ref,
+        shard: ShardDecoder,
+        run: Run,
+        *,
+        reader: bool = True,
+        fetched: Buffer | None = None,
+        ranks: list[int] | None = None,
+        reserved: trio.Event | None = None,
     ) -> Buffer | None:
         """Inner chunk ``shard.position`` decoded from ``run``'s bytes, fetched once,
         with the run's other inner chunks not yet decoded or being decoded: each is a
         decoded chunk in flight at once (its readers wait for it), decoded in jobs of
-        :data:`GROUP` inner chunks that the workers run side by side, then kept as
-        read-ahead (under the budget's read-ahead share: those without room are left to
-        their own reads).  A job that fails leaves its inner chunks to be decoded alone
-        (and remembered, so they are not batched again), so a failure is its own
-        chunk's only.  Without a ``reader``, every inner chunk of the run is read-ahead,
-        and nothing is returned."""
+        :data:`GROUP` inner chunks neighbours in the run's bytes (each job given its
+        own bytes only), then kept as read-ahead (under the budget's read-ahead share:
+        those without room are left to their own reads).  The jobs take turns at the
+        workers (:class:`~refmount.decode.turns.Turns`): the one holding the reader's
+        chunk, or one a reader waits for, first.  A job that fails leaves its inner
+        chunks to be decoded alone (and remembered, so they are not batched again), so a
+        failure is its own chunk's only.  Without a ``reader``, every inner chunk of the
+        run is read-ahead, and nothing is returned.  ``fetched``: the whole shard, if
+        fetched already; ``ranks``: its inner chunks' (when a reader going through the
+        array in order comes to each), the order of the jobs' turns; ``reserved``: set
+        once the parts are made."""
         job, size = shard.inner.job, shard.size
         mine = next(span for span in run.spans if span[0] == shard.position)
         own = (shard.key, source)
-        members: list[tuple[ChunkKey, DecodedPart | None]] = [(own, None)] if reader else []
-        spans = [[mine[1], mine[2]]] if reader else []
+        members: list[_Member] = []
         batched = job is not None and job[0] == "decode" and GROUP * size <= BATCH_BYTES
         if batched and own not in self._alone:
-            now = trio.current_time()
+            now, room = trio.current_time(), True
             for position, offset, length in run.spans:
                 key = (shard.at(position).key, source)
-                if (reader and key == own) or key in self._chunks or key in self._alone:
-                    continue
-                part = DecodedPart(f"{SCHEME}run", size, ahead=True)
-                if not self.blocks.memory.reserve(part.reserved, ahead=True, now=now):
-                    break
-                part.state = State.IN_FLIGHT
-                self._chunks[key] = part
-                spans.append([offset, length])
-                members.append((key, part))
-        others = [(key, part) for key, part in members if part is not None]
+                if reader and key == own:
+                    members.append(_Member(position, offset, length, key, None))
+                elif room and key not in self._chunks and key not in self._alone:
+                    part = DecodedPart(f"{SCHEME}run", size, ahead=True)
+                    room = self.blocks.memory.reserve(part.reserved, ahead=True, now=now)
+                    if room:
+                        part.state = State.IN_FLIGHT
+                        self._chunks[key] = part
+                        members.append(_Member(position, offset, length, key, part))
+        if reserved is not None:
+            reserved.set()
+        others = [member for member in members if member.part is not None]
+        groups = [members[first : first + GROUP] for first in range(0, len(members), GROUP)]
+        tickets = [
+            Ticket(
+                urgent=any(m.part is None for m in group),
+                rank=min(ranks[m.position] for m in group) if ranks else 0,
+            )
+            for group in groups
+        ]
+        for group, ticket in zip(groups, tickets, strict=True):
+            for member in group:
+                if member.part is not None:
+                    member.part.ticket = ticket
         try:
-            if reader and not others:
-                raw = await self._range(source, run.start, run.end)
-                return await self._job(shard.inner, memoryview(raw)[mine[1] : mine[1] + mine[2]])
-            if not others:
+            if not (reader or others):
                 return None
-            raw = await self._range(source, run.start, run.end)
+            if fetched is None:
+                raw: Buffer = await self._range(source, run.start, run.end)
+            else:
+                raw = memoryview(fetched)[run.start : run.end]
+            if not others:
+                return await self._job(shard.inner, memoryview(raw)[mine[1] : mine[1] + mine[2]])
             assert job is not None
             found: list[Buffer] = []
             async with trio.open_nursery() as nursery:
-                for first in range(0, len(spans), GROUP):
-                    group = slice(first, first + GROUP)
-                    nursery.start_soon(
-                        self._group, job[1], raw, size, spans[group], members[group], found
-                    )
+                for group, ticket in zip(groups, tickets, strict=True):
+                    nursery.start_soon(self._group, job[1], raw, size, group, ticket, found)
             if not reader:
                 return None
             if found:
                 return found[0]
             return await self._job(shard.inner, memoryview(raw)[mine[1] : mine[1] + mine[2]])
         finally:
-            for key, part in others:
+            for member in others:
+                part = member.part
+                assert part is not None
                 if part.pending:  # not landed: its readers decode it alone
                     self.blocks.memory.release(part)
                     part.retry = True
                     part.fail(FetchError("its run's decoding failed"))
-                    if self._chunks.get(key) is part:
-                        del self._chunks[key]
+                    if self._chunks.get(member.key) is part:
+                        del self._chunks[member.key]
 
     async def _group(
         self,
         spec: Mapping[str, Any],
         raw: Buffer,
         size: int,
-        spans: list[list[int]],
-        members: list[tuple[ChunkKey, DecodedPart | None]],
+        members: list[_Member],
+        ticket: Ticket,
         found: list[Buffer],
     ) -> None:
-        """Inner chunks (``size`` bytes each decoded) at ``spans`` of ``raw`` decoded in
-        one ``decode-run`` job, each landed in its part (``None``: the reader's own, put
-        in ``found``); a failed job lands none, and its chunks are decoded alone since."""
+        """Inner chunks (``size`` bytes each decoded) ``members`` of the run ``raw``
+        decoded in one ``decode-run`` job, given the bytes from the first one's to the
+        last one's, when ``ticket`` has its turn; its output read straight into each
+        one's own buffer, landed in its part (``None``: the reader's own, put in
+        ``found``); a failed job lands none, and its chunks are decoded alone since."""
+        first, last = members[0].offset, members[-1].offset + members[-1].length
+        spans = [[member.offset - first, member.length] for member in members]
         try:
-            out = await self.runner.submit(
-                "decode-run", {"decoder": spec, "spans": spans}, raw, len(spans) * size
-            )
+            async with self._turns.turn(ticket):
+                chunks = [bytearray(size) for _ in members]  # the job's output lands in them
+                await self.runner.submit_into(
+                    "decode-run",
+                    {"decoder": spec, "spans": spans},
+                    memoryview(raw)[first:last],
+                    [memoryview(chunk) for chunk in chunks],
+                )
         except JobFailed as exc:
             log.info("%d inner chunks do not decode together (%s): each alone", len(spans), exc)
-            for key, _ in members:
-                self._alone[key] = None
-                if len(self._alone) > RECENT_SHARDS:
-                    self._alone.popitem(last=False)
+            for member in members:
+                _note(self._alone, member.key)
             return
         landed = trio.current_time()
-        for i, (_, part) in enumerate(members):
-            data = bytes(memoryview(out)[i * size : (i + 1) * size])
+        for member, data in zip(members, chunks, strict=True):
+            part = member.part
             if part is None:
                 found.append(data)
                 continue
@@ -362,9 +486,7 @@ class DecodedReads:
         through the shard); notes the shard (a bounded record of recent shards)."""
         shard = (source.url, source.offset, source.checksum)
         last = self._last_inner.pop(shard, None)
-        self._last_inner[shard] = position
-        if len(self._last_inner) > RECENT_SHARDS:
-            self._last_inner.popitem(last=False)
+        _note(self._last_inner, shard, position)
         return last is not None and last != position
 
     async def _range(self, source: Ref, start: int, end: int) -> bytes | memoryview:

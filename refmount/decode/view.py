@@ -212,10 +212,16 @@ class DecodedRefSet(RefSet):
         found = self.chunk_array(self.raw.key(file_id))
         return (found[0] if found else "?", ref.source, ref.decoder)
 
-    async def next_shards(self, file_id: int) -> list[Ref]:
+    async def next_shards(self, file_id: int) -> list[tuple[Ref, list[int]]]:
         """For an inner chunk of a sharded array, the raw references of the shards a
-        reader reads next (:meth:`refmount.decode.v3.tree.V3AsV2.next_shards`)."""
+        reader reads next, with their inner chunks' ranks
+        (:meth:`refmount.decode.v3.tree.V3AsV2.next_shards`)."""
         return await self.raw.next_shards(file_id) if isinstance(self.raw, V3AsV2) else []
+
+    def inner_ranks(self, file_id: int) -> list[int] | None:
+        """For an inner chunk of a sharded array, the ranks of its shard's inner chunks
+        (:meth:`refmount.decode.v3.shards.ShardLayout.ranks`)."""
+        return self.raw.inner_ranks(file_id) if isinstance(self.raw, V3AsV2) else None
 
     def _adds_attributes(self, path: str) -> bool:
         """Whether the view adds to the ``.zattrs`` of the array at ``path``: a rank-0
@@ -365,8 +371,13 @@ class DecodedRefSet(RefSet):
         fill = array.meta.get("fill_value")
         key = (array.decoder.key, repr(fill), layout, position)
         found = self._shard_decoders.get(key)
-        if found is None:
-            found = self._shard_decoders[key] = shard_decoder(array.decoder, layout, position, fill)
+        if found is None:  # the array's inner chunks share one fill value's bytes
+            shared = (*key[:3], -1)
+            first = self._shard_decoders.get(shared)
+            if first is None:
+                first = shard_decoder(array.decoder, layout, -1, fill)
+                self._shard_decoders[shared] = first
+            found = self._shard_decoders[key] = first.at(position)
         return found
 
     def file_size(self, file_id: int) -> int | None:

@@ -52,9 +52,21 @@ class JobRunner(Protocol):
     """What asks a worker for a job: ``submit`` returns exactly ``size`` bytes or raises
     :class:`JobFailed`."""
 
+    @property
+    def capacity(self) -> int:
+        """Jobs run at once at most."""
+        ...  # pragma: no cover
+
     async def submit(
         self, kind: str, params: Mapping[str, Any], payload: Buffer, size: int
     ) -> Buffer: ...  # pragma: no cover
+
+    async def submit_into(
+        self, kind: str, params: Mapping[str, Any], payload: Buffer, into: list[memoryview]
+    ) -> None:
+        """``submit``, the job's output landed in ``into``, in order across its buffers
+        (their sizes add up to the output's)."""
+        ...  # pragma: no cover
 
     def stats(self) -> dict[str, int]: ...  # pragma: no cover
 
@@ -64,7 +76,7 @@ class InProcessRunner:
     checks as the worker processes, without their isolation."""
 
     def __init__(self, threads: int) -> None:
-        self.threads = threads
+        self.capacity = threads
         self._limiter: trio.CapacityLimiter | None = None
         self._counters = dict.fromkeys(("worker_jobs", "worker_job_errors"), 0)
 
@@ -72,7 +84,7 @@ class InProcessRunner:
         self, kind: str, params: Mapping[str, Any], payload: Buffer, size: int
     ) -> Buffer:
         if self._limiter is None:
-            self._limiter = trio.CapacityLimiter(self.threads)
+            self._limiter = trio.CapacityLimiter(self.capacity)
         run = handler(kind)
         self._counters["worker_jobs"] += 1
         try:
@@ -89,6 +101,13 @@ class InProcessRunner:
             self._counters["worker_job_errors"] += 1
             raise JobFailed(f"{kind} job returned {len(out)} bytes, not {size}")
         return out
+
+    async def submit_into(
+        self, kind: str, params: Mapping[str, Any], payload: Buffer, into: list[memoryview]
+    ) -> None:
+        out = memoryview(await self.submit(kind, params, payload, sum(map(len, into))))
+        for view in into:
+            view[:], out = out[: len(view)], out[len(view) :]
 
     def stats(self) -> dict[str, int]:
         return dict(self._counters)

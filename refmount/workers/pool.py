@@ -71,17 +71,20 @@ class _Worker:
         if said != READY:
             raise _Broken("it did not start")
 
-    async def call(self, header: bytes, payload: Buffer, size: int) -> tuple[int, bytearray]:
-        """Send one request, read its reply: (status, body).
+    async def call(self, header: bytes, payload: Buffer, into: list[memoryview]) -> bytes | None:
+        """Send one request, read its reply into ``into``: ``None``, or the job's failure
+        message.
 
         The request goes in one gathered write, and the reply is read straight into the
-        buffer it is returned in, its head with it (the daemon's ends of the pipes are
-        non-blocking: it waits only on a full or empty pipe).  A chunk costs the serving
-        thread a few system calls each way and no copy of its own."""
+        buffers ``into`` (the job's output, in order across them), its head with it (the
+        daemon's ends of the pipes are non-blocking: it waits only on a full or empty
+        pipe).  A chunk costs the serving thread a few system calls each way and no copy
+        of its own."""
+        size = sum(len(view) for view in into)
         request = REQUEST.pack(REQUEST_MAGIC, len(header), len(payload), size)
         await self._send([request, header, payload])
-        head, body = bytearray(REPLY.size), bytearray(size)
-        got = await self._receive([memoryview(head), memoryview(body)], REPLY.size)
+        head = bytearray(REPLY.size)
+        got = await self._receive([memoryview(head), *into], REPLY.size)
         magic, status, length = REPLY.unpack(head)
         if magic != REPLY_MAGIC or status not in (OK, FAILED):
             raise _Broken("a reply it does not understand")
@@ -92,10 +95,15 @@ class _Worker:
         done = got - REPLY.size
         if done > length:
             raise _Broken("more bytes than its reply holds")
-        if length > size:  # a failure message longer than the job's output
-            body = body[:done] + bytearray(length - done)
-        await self._receive([memoryview(body)[done:length]], length - done)
-        return status, body if length == size else body[:length]
+        if status == OK:
+            rest = list(into)
+            consume(rest, done)
+            await self._receive(rest, length - done)
+            return None
+        message = bytearray(length)  # what came of it landed in ``into``: moved here
+        message[:done] = b"".join(into)[:done]
+        await self._receive([memoryview(message)[done:]], length - done)
+        return bytes(message)
 
     async def _send(self, pieces: list[Buffer]) -> None:
         """Write ``pieces`` whole, in as few writes as the pipe takes."""
@@ -167,6 +175,11 @@ class WorkerPool:
             0,
         )
 
+    @property
+    def capacity(self) -> int:
+        """Jobs run at once at most."""
+        return self.config.workers
+
     def stats(self) -> dict[str, int]:
         return {"workers": len(self._all), **self._counters}
 
@@ -176,6 +189,13 @@ class WorkerPool:
     async def submit(
         self, kind: str, params: Mapping[str, Any], payload: Buffer, size: int
     ) -> Buffer:
+        body = bytearray(size)
+        await self.submit_into(kind, params, payload, [memoryview(body)])
+        return body
+
+    async def submit_into(
+        self, kind: str, params: Mapping[str, Any], payload: Buffer, into: list[memoryview]
+    ) -> None:
         if self._closed:
             raise JobFailed("the worker pool is closed")
         header = json.dumps({"kind": kind, "params": params}).encode()
@@ -185,23 +205,23 @@ class WorkerPool:
             self._counters["worker_jobs"] += 1
             self._counters["workers_busy"] += 1
             try:
-                status, body = await self._call(worker, kind, header, payload, size)
+                failure = await self._call(worker, kind, header, payload, into)
             finally:
                 self._counters["workers_busy"] -= 1
-        if status == FAILED:
+        if failure is not None:
             self._counters["worker_job_errors"] += 1
-            raise JobFailed(body.decode(errors="replace"))
-        return body
+            raise JobFailed(failure.decode(errors="replace"))
 
     async def _call(
-        self, worker: _Worker, kind: str, header: bytes, payload: Buffer, size: int
-    ) -> tuple[int, bytearray]:
-        """The job's reply; a worker that dies, hangs past the deadline or breaks the
-        protocol (or a job cancelled mid-way) is killed and the job fails."""
+        self, worker: _Worker, kind: str, header: bytes, payload: Buffer, into: list[memoryview]
+    ) -> bytes | None:
+        """The job's failure message, if any, its output read into ``into``; a worker
+        that dies, hangs past the deadline or breaks the protocol (or a job cancelled
+        mid-way) is killed and the job fails."""
         failure = "was cancelled"
         try:
             with trio.move_on_after(self.config.deadline):
-                reply = await worker.call(header, payload, size)
+                reply = await worker.call(header, payload, into)
                 if not self._closed:
                     self._idle.append(worker)
                 return reply

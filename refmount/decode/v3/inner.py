@@ -55,17 +55,25 @@ class InnerChunks:
             self._entries[found] = (key, shard_id, layout, position)
         return found
 
-    def file_id(self, path: str, array: Array, name: str) -> int | None:
-        """The file id of inner chunk ``name`` of the sharded array at ``path``."""
+    def shard_key(self, path: str, array: Array, name: str) -> tuple[str, int] | None:
+        """The raw key of the shard holding inner chunk ``name`` of the sharded array at
+        ``path``, and the inner chunk's position in it (``None``: not an inner chunk of
+        the array's grid)."""
         assert array.shards is not None
         index = self._inner_index(array, name)
         if index is None:
             return None
         shard, position = array.shards.shard_of(index)
-        shard_id = self.raw.file_id(_join(path, array.keys.raw_key_of(shard)))
-        if shard_id is None:
+        return _join(path, array.keys.raw_key_of(shard)), position
+
+    def file_id(self, path: str, array: Array, name: str) -> int | None:
+        """The file id of inner chunk ``name`` of the sharded array at ``path``."""
+        assert array.shards is not None
+        found = self.shard_key(path, array, name)
+        shard_id = None if found is None else self.raw.file_id(found[0])
+        if found is None or shard_id is None:
             return None
-        return self._id(_join(path, name), shard_id, array.shards, position)
+        return self._id(_join(path, name), shard_id, array.shards, found[1])
 
     def entry(self, file_id: int) -> tuple[str, int, ShardLayout, int] | None:
         """``(key, shard's raw file id, layout, position)`` of an inner chunk's id."""

@@ -70,15 +70,26 @@ class ShardLayout:
 
     def after(self, shard: tuple[int, ...], grid: tuple[int, ...]) -> list[tuple[int, ...]]:
         """The shards a reader going through ``shard`` of an array of ``grid`` inner
-        chunks reads next in C order: as many as a row of shards along the last
-        dimension holds (a reader of whole rows of inner chunks enters them together),
-        at most :data:`AHEAD`."""
+        chunks reads next in C order, :data:`AHEAD` at most: a reader of whole rows of
+        inner chunks enters a row of shards together, and the next row while it reads
+        them, so those are read ahead at once, not a row of shards at a time."""
         counts = tuple(-(-g // n) for g, n in zip(grid, self.per_shard, strict=True))
         if not counts:
             return []
         first = int(np.ravel_multi_index(shard, counts)) + 1
-        stop = min(first + min(counts[-1], AHEAD), math.prod(counts))
+        stop = min(first + AHEAD, math.prod(counts))
         return [tuple(int(i) for i in np.unravel_index(n, counts)) for n in range(first, stop)]
+
+    def ranks(self, shard: tuple[int, ...], grid: tuple[int, ...]) -> list[int]:
+        """Per inner chunk of ``shard`` (index order), its place in C order among the
+        inner chunks of an array of ``grid``: when a reader of the whole array in C
+        order comes to it (those past the grid's edge, never read, as the edge's)."""
+        if not grid:
+            return [0]
+        local = np.indices(self.per_shard).reshape(len(grid), -1)
+        first = np.array(shard)[:, None] * np.array(self.per_shard)[:, None]
+        within = np.minimum(first + local, np.array(grid)[:, None] - 1)
+        return [int(rank) for rank in np.ravel_multi_index(tuple(within), grid)]
 
     def inner_chunks(self, shard: tuple[int, ...]) -> list[tuple[int, ...]]:
         """The inner chunks of ``shard``, in index order."""

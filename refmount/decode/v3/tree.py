@@ -126,24 +126,42 @@ class V3AsV2(RefSet):
         node = self.node(path)
         return node if isinstance(node, Array) and node.shards is not None else None
 
-    async def next_shards(self, file_id: int) -> list[Ref]:
+    async def next_shards(self, file_id: int) -> list[tuple[Ref, list[int]]]:
         """The references of the shards after the one holding inner chunk ``file_id``
         (:meth:`refmount.decode.v3.shards.ShardLayout.after`) that the set has: where a
-        reader going through the array goes next."""
-        entry = self._inner.entry(file_id)
-        if entry is None:
+        reader going through the array goes next; each with its inner chunks' ranks
+        (:meth:`~refmount.decode.v3.shards.ShardLayout.ranks`)."""
+        found = self._shard_of(file_id)
+        if found is None:
             return []
-        path, _, name = entry[0].rpartition("/")
-        array = self._sharded(path)
-        if array is None or array.shards is None:
-            return []
-        shard, _ = array.shards.shard_of(tuple(int(p) for p in name.split(".")))
-        found = []
+        path, array, shard = found
+        assert array.shards is not None
+        shards = []
         for after in array.shards.after(shard, array.grid):
             raw_id = await self.raw.find_file(_join(path, array.keys.raw_key_of(after)))
             if raw_id is not None:
-                found.append(self.raw.ref(raw_id))
-        return found
+                shards.append((self.raw.ref(raw_id), array.shards.ranks(after, array.grid)))
+        return shards
+
+    def inner_ranks(self, file_id: int) -> list[int] | None:
+        """The ranks of the inner chunks of the shard holding inner chunk ``file_id``."""
+        found = self._shard_of(file_id)
+        if found is None:
+            return None
+        _, array, shard = found
+        assert array.shards is not None
+        return array.shards.ranks(shard, array.grid)
+
+    def _shard_of(self, file_id: int) -> tuple[str, Array, tuple[int, ...]] | None:
+        """The array path, array and shard of inner chunk ``file_id``."""
+        entry = self._inner.entry(file_id)
+        if entry is None:
+            return None
+        path, _, name = entry[0].rpartition("/")
+        array = self._sharded(path)
+        if array is None or array.shards is None:
+            return None
+        return path, array, array.shards.shard_of(tuple(int(p) for p in name.split(".")))[0]
 
     def inner_chunk(self, file_id: int) -> tuple[ShardLayout, int] | None:
         """``(layout, position in its shard)`` of an inner chunk's file id."""
@@ -313,10 +331,12 @@ class V3AsV2(RefSet):
         return self.ref(file_id)
 
     async def find_file(self, key: str) -> int | None:
-        path = key.rpartition("/")[0]
+        path, _, name = key.rpartition("/")
         await self.raw.ensure(_join(path, NODE))
-        if self._sharded(path) is not None:
-            await self._inner.load(path)
+        sharded = self._sharded(path)
+        shard = None if sharded is None else self._inner.shard_key(path, sharded, name)
+        if shard is not None:  # its shard's key only, not the array's every directory
+            await self.raw.ensure(shard[0])
         raw_key = self._raw_key(key)
         if raw_key is not None:
             await self.raw.ensure(raw_key)

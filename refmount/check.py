@@ -133,7 +133,6 @@ def _open(options: CheckOptions, progress: Any) -> RefSet:
         allow_local=options.allow_local,
         timeout=options.timeout,
         progress=progress,
-        rank0_chunk_keys=options.decode or options.netcdf,
     )
 
 

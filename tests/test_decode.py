@@ -457,7 +457,7 @@ def scalar_set(tmp_path: Path, **extra: str) -> DecodedRefSet:
         **extra,
     }
     path = write_refs(tmp_path / "refs.json", refs)
-    return DecodedRefSet(open_refset(str(path), allow_local=True, rank0_chunk_keys=True), 1)
+    return DecodedRefSet(open_refset(str(path), allow_local=True), 1)
 
 
 def test_rank0_arrays_are_served_along_scalar_with_attributes_made_where_missing(

@@ -167,7 +167,7 @@ def test_bad_chunks_and_unknown_codecs_are_eio_and_the_daemon_lives(
     assert re.search(r"array 'text' is left out of the decoded view: variable-length", log)
 
 
-def test_a_rank0_chunk_written_as_name_slash_is_served_as_name_0(
+def test_a_rank0_chunk_written_as_name_slash_is_served_as_name_0_in_both_views(
     mount: Callable[..., Mounted], tmp_path: Path
 ) -> None:
     """And rank-0 arrays are one element along ``_scalar_``, with a ``.zattrs`` made
@@ -209,10 +209,13 @@ def test_a_rank0_chunk_written_as_name_slash_is_served_as_name_0(
         ["gdalmdiminfo", "-detailed", str(decoded)], capture_output=True, text=True, check=True
     )
     assert json.loads(info.stdout)["arrays"]["crs"]["values"] == [7]
-    raw = mount(path).mountpoint  # the raw view is unchanged: the key is skipped there
-    assert sorted(os.listdir(raw / "crs")) == [".zarray", ".zattrs"]
+    # the raw view serves `crs/` as `crs/0` too, rank 0 kept: zarr reads 7, not the fill 0
+    raw = mount(path).mountpoint
+    assert sorted(os.listdir(raw / "crs")) == [".zarray", ".zattrs", "0"]
     assert sorted(os.listdir(raw / "level")) == [".zarray", "0"]
-    assert zarr.open_group(raw, mode="r", zarr_format=2)["level"].shape == ()
+    group = zarr.open_group(raw, mode="r", zarr_format=2)
+    assert group["crs"].shape == () and group["crs"][()] == 7
+    assert group["level"].shape == () and group["level"][()] == 2.5
 
 
 def test_leaving_out_a_string_array_lets_ncdump_read_the_rest(

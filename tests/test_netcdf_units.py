@@ -148,7 +148,7 @@ def test_reads_at_any_offset_equal_the_same_bytes_of_the_file_read_whole(tmp_pat
     refs, _ = typed_set(tmp_path)  # every chunk inline: nothing is fetched
     blocks = BlockCache(Fetcher(), budget=64 << 20)
     reads = NetcdfReads(DecodedReads(blocks, InProcessRunner(2), fixed_strings=True), "auto")
-    view = reads.view(open_refset(str(refs), rank0_chunk_keys=True), "types")
+    view = reads.view(open_refset(str(refs)), "types")
     rng = random.Random(30)
 
     async def main() -> None:

@@ -8,6 +8,7 @@ hostile rows.  No zarr.
 from __future__ import annotations
 
 import base64
+import errno
 import itertools
 import json
 import logging
@@ -523,15 +524,20 @@ def test_odd_keys_are_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) 
     assert "skipping array 'arr/sub'" in warned
 
 
-def test_bad_rows_are_not_served(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_bad_rows_are_refused_keys(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A row with a path whose reference cannot be served is a key all the same (listed,
+    with a size), and its reference is a FetchError naming the key, the record file's row
+    and the reason: EIO through the mount, never "no such key" (a fill value)."""
+
     def resolve(path: str) -> str:
         if path.startswith("/etc"):
             raise RefsError(f"target {path!r} is a local file")
         return f"s3://b/{path}"
 
     write_set(tmp_path, {"a/.zarray": {"shape": [10], "chunks": [1]}}, record_size=10)
+    record = tmp_path / "a" / "refs.0.parq"
     write_record(
-        tmp_path / "a" / "refs.0.parq",
+        record,
         ["f", "f", "f", "f", "/etc/passwd", "", None, None, "f", "f"],
         [0, -1, 5, 2**63 - 2, 0, 0, 0, 3, 0, 4],
         [4, 4, -5, 10, 4, 4, 0, 3, 0, 0],
@@ -539,16 +545,30 @@ def test_bad_rows_are_not_served(tmp_path: Path, caplog: pytest.LogCaptureFixtur
     )
     with caplog.at_level(logging.WARNING, logger="refmount.refs"):
         rs = open_set(tmp_path, resolve=resolve, record_cache_bytes=0)
-        assert names(rs, "a") == [".zarray", "0", "6", "8", "9"]
+        assert names(rs, "a") == [".zarray", "0", "1", "2", "3", "4", "5", "6", "8", "9"]
         for _ in range(3):  # re-read each time: the cache holds nothing
-            assert [file_id(rs, f"a/{i}") is None for i in range(10)] == [
-                False, True, True, True, True, True, False, True, False, False,
-            ]  # fmt: skip
+            absent = [file_id(rs, f"a/{i}") is None for i in range(10)]
+            assert absent == [i == 7 for i in range(10)]  # neither path nor raw
     assert ref(rs, file_id(rs, "a/0")) == Ref(url="s3://b/f", offset=0, length=4)
     assert ref(rs, file_id(rs, "a/6")) == Ref(data=b"inline")
     assert ref(rs, file_id(rs, "a/8")) == Ref(url="s3://b/f", length=None)
     assert ref(rs, file_id(rs, "a/9")) == Ref(url="s3://b/f", offset=4, length=0)
-    rows = [r for r in caplog.records if "are not served" in r.getMessage()]
+    reasons = {
+        1: "negative offset or size (-1, 4)",
+        2: "negative offset or size (5, -5)",
+        3: f"offset + size overflows ({2**63 - 2} + 10)",
+        4: "target '/etc/passwd' is a local file",
+        5: "an empty path",
+    }
+    for row, reason in reasons.items():
+        with pytest.raises(FetchError) as raised:
+            ref(rs, file_id(rs, f"a/{row}"))
+        assert str(raised.value) == f"a/{row}: row {row} of {record}: {reason}: refused"
+        assert raised.value.errno == errno.EIO
+    # the size the row claims; 1 byte when it claims none (a read must reach the daemon)
+    sizes = {i: rs.file_size(file_id(rs, f"a/{i}")) for i in [0, 1, 2, 3, 4, 5, 6, 8, 9]}
+    assert sizes == {0: 4, 1: 4, 2: 1, 3: 10, 4: 4, 5: 4, 6: 6, 8: None, 9: 0}
+    rows = [r for r in caplog.records if "their keys are I/O errors" in r.getMessage()]
     assert len(rows) == 1 and "5 rows" in rows[0].getMessage()
     assert sum("/etc/passwd" in r.getMessage() for r in caplog.records) == 1
 

@@ -5,11 +5,14 @@ the deadline, the daemon alive and right again once the store is."""
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import zarr
 
 from tests.support.parquet_sets import write_ranges, write_record, write_set, zarray
 
@@ -144,4 +147,38 @@ def test_a_listing_of_a_huge_grid_does_not_stall_lookups(http, http_root: Path, 
     shown = out.split()
     assert shown[:15] == [str(r * size + i) for r in range(5) for i in range(3)]
     assert (root / "y" / "3").read_bytes() == data[3 * CHUNK : 4 * CHUNK]
+    assert mounted.process.poll() is None
+
+
+def test_refused_rows_are_eio_never_fill_values(http, http_root: Path, mount) -> None:
+    """Rows whose reference refmount refuses (a negative offset, a local file in a set
+    read over HTTP, a negative size) are keys all the same: they list and stat, their
+    reads are EIO with a log line naming the key and the reason, and zarr raises instead
+    of printing the fill value; the other chunks read exactly."""
+    (http_root / "pqr-data.bin").write_bytes(bytes([1, 2, 3, 4]))
+    url = f"{http.url}/pqr-data.bin"
+    root = http_root / "pqr.parq"
+    meta = {".zgroup": {"zarr_format": 2}, "b/.zarray": zarray([1], [1], fill_value=7)}
+    write_set(root, {**meta, "a/.zarray": zarray([4], [1], fill_value=7)}, record_size=4)
+    local = str(http_root / "pqr-data.bin")  # the right bytes, but local: refused
+    write_record(root / "a" / "refs.0.parq", [url, url, local, url], [0, -1, 2, 3], [1, 1, 1, 1])
+    write_record(root / "b" / "refs.0.parq", [url], [0], [-1])
+    mounted = mount(f"{http.url}/pqr.parq")
+    mnt = mounted.mountpoint
+    assert sorted(os.listdir(mnt / "a")) == [".zarray", "0", "1", "2", "3"]
+    assert [os.stat(mnt / "a" / str(i)).st_size for i in range(4)] == [1, 1, 1, 1]
+    assert os.stat(mnt / "b" / "0").st_size == 1  # no usable size: 1 byte, so reads ask
+    for key in ["a/1", "a/2", "b/0"]:
+        assert_eio("cat", mnt / key)
+    assert [(mnt / "a" / str(i)).read_bytes() for i in (0, 3)] == [b"\x01", b"\x04"]
+    for name in ["a", "b"]:
+        with pytest.raises(OSError) as raised:
+            zarr.open_array(mnt / name, mode="r")[:]
+        assert raised.value.errno == errno.EIO, name
+    log = mounted.log()
+    record = "pqr.parq/a/refs.0.parq"
+    assert f"a/1: row 1 of {http.url}/{record}: negative offset or size (-1, 1): refused" in log
+    assert f"a/2: row 2 of {http.url}/{record}: target {local!r} is a local file" in log
+    assert "b/0: row 0 of " in log and "negative offset or size (0, -1): refused" in log
+    assert log.count("negative offset or size (-1, 1)") == 1  # once, however often read
     assert mounted.process.poll() is None

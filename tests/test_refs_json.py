@@ -172,6 +172,29 @@ def test_odd_keys_are_skipped_with_one_warning_each(
     assert not refset.is_dir("a") and not refset.is_dir("l")
 
 
+def test_a_rank0_chunk_key_name_slash_is_name_0_where_name_is_an_array(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """VirtualiZarr's ``name/`` is the key zarr asks for, ``name/0``, in every view; a key
+    ending in ``/`` that is no array's (a directory marker, ``a//``) is still skipped."""
+    document = {
+        "s/.zarray": "{}",
+        "s/": "scalar",
+        "g/": "marker",
+        "a/.zarray": "{}",
+        "a//": "double",
+    }
+    with caplog.at_level(logging.WARNING):
+        refset = load(tmp_path, document)
+    assert as_dict(refset) == {
+        "s/.zarray": Ref(data=b"{}"),
+        "s/0": Ref(data=b"scalar"),
+        "a/.zarray": Ref(data=b"{}"),
+    }
+    skipped = [r.getMessage() for r in caplog.records if "skipping key" in r.getMessage()]
+    assert len(skipped) == 2 and any("'g/'" in w for w in skipped)
+
+
 def test_a_later_gen_key_overrides_refs(tmp_path: Path) -> None:
     refset = load(
         tmp_path,

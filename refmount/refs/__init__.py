@@ -30,7 +30,6 @@ def open_refset(
     timeout: float = 60.0,
     max_refs_bytes: int = DEFAULT_MAX_REFS_BYTES,
     progress: Callable[[str, int, int], None] | None = None,
-    rank0_chunk_keys: bool = False,
 ) -> RefSet:
     """Read and validate the reference set at ``url`` (a JSON file, plain or compressed,
     or a Parquet reference directory), raising :class:`RefsError` with the reason.
@@ -40,9 +39,9 @@ def open_refset(
     file).  A JSON file may hold at most ``max_refs_bytes``, compressed or not.  Messages
     never show credentials of a URL (``user:pass@``, query strings).
     ``progress(stage, keys, nbytes)`` hears of each stage (reading, parsing, indexing,
-    loaded) with the keys and bytes known so far.  ``rank0_chunk_keys``: a JSON key
-    ending in one ``/`` (VirtualiZarr's chunk key of a rank-0 array) is read as ending in
-    ``/0``, the key Zarr asks for, instead of being skipped (the decoded view)."""
+    loaded) with the keys and bytes known so far.  A JSON key ``name/`` (VirtualiZarr's
+    chunk key of a rank-0 array) is read as ``name/0``, the key Zarr asks for, where
+    ``name/.zarray`` is a key."""
     try:
         return _open(
             url,
@@ -52,7 +51,6 @@ def open_refset(
             timeout,
             max_refs_bytes,
             progress or _no_progress,
-            rank0_chunk_keys,
         )
     except RefsError as exc:
         raise RefsError(redact_text(str(exc))) from None
@@ -66,7 +64,6 @@ def _open(
     timeout: float,
     max_refs_bytes: int,
     report: Callable[[str, int, int], None],
-    rank0_chunk_keys: bool = False,
 ) -> RefSet:
     name = redact_url(url)
     report("reading", 0, 0)
@@ -110,9 +107,7 @@ def _open(
     del raw, parts
     table = columns.table()
     report("indexing", table.num_rows, nbytes)
-    refset = TableRefSet(
-        table, columns.urls, mtime=found.mtime, name=name, rank0_chunk_keys=rank0_chunk_keys
-    )
+    refset = TableRefSet(table, columns.urls, mtime=found.mtime, name=name)
     del table, columns
     release_freed_memory()
     log.info("%s: %d keys referencing %d remote files", name, len(refset), len(refset.urls))

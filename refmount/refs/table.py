@@ -71,15 +71,11 @@ class TableRefSet(RefSet):
         *,
         mtime: float,
         name: str,
-        rank0_chunk_keys: bool = False,
     ) -> None:
-        """``table`` has the columns of :meth:`Columns.table`, in file order;
-        ``rank0_chunk_keys``: see :func:`refmount.refs.open_refset`."""
+        """``table`` has the columns of :meth:`Columns.table`, in file order."""
         self.mtime = mtime
         self.urls = urls
-        if rank0_chunk_keys:
-            table = _rank0_chunk_keys(table)
-        table, directories = _index(table, name)
+        table, directories = _index(_rank0_chunk_keys(table), name)
         self._subdirectories = Counter(d.rpartition("/")[0] for d in directories)
         self._keys = _SortedKeys(table.column("key").combine_chunks())
         # memoryviews: indexing one gives a Python int, indexing NumPy a NumPy scalar
@@ -172,11 +168,27 @@ class TableRefSet(RefSet):
 
 
 def _rank0_chunk_keys(table: pa.Table) -> pa.Table:
-    """Keys ending in one ``/`` as ending in ``/0`` (before the keys are checked)."""
+    """VirtualiZarr's chunk key of a rank-0 Zarr v2 array, ``name/``, as ``name/0``: the
+    key zarr asks for.  A key ending in ``/`` cannot be a path (fsspec never serves it
+    either), so zarr would read the fill value in its place.  Only where ``name/.zarray``
+    is a key, so that no other key ending in ``/`` (a directory marker) becomes a file.
+    Before the keys are checked; a set without such keys costs one pass over its keys."""
     column = table.schema.get_field_index("key")
-    keys = pc.replace_substring_regex(
-        table.column(column), pattern=r"^(.*[^/])/$", replacement=r"\1/0"
-    )
+    keys = table.column(column)
+    rows = np.flatnonzero(arrays.mask(pc.ends_with(keys, "/")))
+    if not len(rows):
+        return table
+    names = [keys[int(row)].as_py()[:-1] for row in rows]
+    metadata = arrays.strings([f"{name}/.zarray" for name in names])
+    arrays_ = arrays.mask(pc.is_in(metadata, value_set=keys.combine_chunks()))
+    chosen = np.zeros(len(keys), bool)
+    for row, name, is_array in zip(rows.tolist(), names, arrays_, strict=True):
+        chosen[row] = is_array and bool(name) and not name.endswith("/")
+    if not chosen.any():
+        return table
+    zero = pa.scalar("0", keys.type)
+    renamed = pc.binary_join_element_wise(keys, zero, pa.scalar("", keys.type))
+    keys = pc.if_else(pa.array(chosen), renamed, keys)
     return table.set_column(column, "key", keys)
 
 

@@ -365,7 +365,6 @@ def load_refset(config: Config, progress: Callable[[str, int, int], None] | None
         allow_local=config.allow_local,
         timeout=config.timeout,
         progress=progress,
-        rank0_chunk_keys=config.decode or config.netcdf,
         **options,
     )
 

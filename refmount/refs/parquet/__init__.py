@@ -19,8 +19,11 @@ hold: the caller resumes it from the last cursor after :meth:`ensure`, so a list
 huge grid loads its records one readdir call at a time, off the serving loop.
 
 Tree rules beyond ``parquet.layout``'s and ``parquet.grid``'s: a chunk whose row is empty
-or invalid, or whose record file is absent (and its directory's listing agrees), does not
-exist and is not listed.  For ``dimension_separator: "/"`` arrays, every index directory
+(neither path nor raw), or whose record file is absent (and its directory's listing
+agrees), does not exist and is not listed.  A row whose reference cannot be served (a
+negative offset, an unusable path) is a key all the same: listed, it stats, and its
+:meth:`file_ref` is a FetchError naming the key and the reason (EIO, never ENOENT: zarr
+would read that as the fill value).  For ``dimension_separator: "/"`` arrays, every index directory
 inside the grid exists (and is listed), whether or not any chunk below it exists: this
 needs no record reads.  The chunk files in the last level are listed only when they exist.
 
@@ -37,6 +40,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from refmount.errors import FetchError
 from refmount.refs.model import Child, Ref, RefSet
 from refmount.refs.parquet.grid import ChunkGrid, ChunkGrids
 from refmount.refs.parquet.layout import ZMETADATA, Layout, consolidated_value, load_zmetadata
@@ -161,7 +165,7 @@ class ParquetRefSet(RefSet):
             return Ref(data=self._meta_bytes[file_id])
         arr, index = self._grids.chunk_of(file_id)
         record_no, row = divmod(index, self.record_size)
-        return self._row_ref(file_id, await self._store.record(arr, record_no), row)
+        return self._row_ref(arr, index, await self._store.record(arr, record_no), row)
 
     def file_id(self, key: str) -> int | None:
         fid = self._meta_ids.get(key)
@@ -180,7 +184,19 @@ class ParquetRefSet(RefSet):
             return Ref(data=self._meta_bytes[file_id])
         arr, index = self._grids.chunk_of(file_id)
         record_no, row = divmod(index, self.record_size)
-        return self._row_ref(file_id, self._held(arr, record_no, file_id), row)
+        return self._row_ref(arr, index, self._held(arr, record_no, file_id), row)
+
+    def file_size(self, file_id: int) -> int | None:
+        """Without building a :class:`Ref`; a row that is refused claims a size too (see
+        :meth:`Record.size`): its key stats, and its read is EIO."""
+        if 0 <= file_id < len(self._meta_keys):
+            return len(self._meta_bytes[file_id])
+        arr, index = self._grids.chunk_of(file_id)
+        record_no, row = divmod(index, self.record_size)
+        record = self._held(arr, record_no, file_id)
+        if record is None or not record.has(row):
+            raise KeyError(f"file id {file_id}: no such chunk")
+        return record.size(row)
 
     def key(self, file_id: int) -> str:
         if 0 <= file_id < len(self._meta_keys):
@@ -196,10 +212,14 @@ class ParquetRefSet(RefSet):
         return None if record is ABSENT else record  # type: ignore[return-value]
 
     @staticmethod
-    def _row_ref(file_id: int, record: Record | None, row: int) -> Ref:
+    def _row_ref(arr: ChunkGrid, index: int, record: Record | None, row: int) -> Ref:
+        """A row's reference; FetchError (EIO) naming the key when it is refused."""
         if record is None or not record.has(row):
-            raise KeyError(f"file id {file_id}: no such chunk")
-        return record.ref(row)
+            raise KeyError(f"{arr.prefix}{arr.chunk_name(index)}: no such chunk")
+        try:
+            return record.ref(row)
+        except FetchError as exc:
+            raise FetchError(f"{arr.prefix}{arr.chunk_name(index)}: {exc}") from None
 
     # --- directories ------------------------------------------------------------------
 

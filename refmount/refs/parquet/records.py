@@ -3,10 +3,10 @@
 Imported, with numpy and pyarrow, on the first record read, so that a mount answers
 before either has loaded.
 
-A record keeps, per row: whether it is served, a code into the resolved URLs of the
+A record keeps, per row: whether it is present, a code into the resolved URLs of the
 file's distinct paths, the offset and the size, each narrowed to the smallest integer
 type that holds its values; raw (inline) data stays a pyarrow array, and only when some
-row has any.  A column whose rows all hold one value (every row served, one data file,
+row has any.  A column whose rows all hold one value (every row present, one data file,
 one chunk size: common in regularly chunked data) is a zero-stride view of that value.
 So 100k rows cost at most about 1.5 MB and often a few hundred kB, never a Python object
 per row.
@@ -14,6 +14,12 @@ per row.
 A record file is measured before it is decoded: its footer says how many rows it has and
 how many bytes its columns take once decompressed, and a file over the budget is refused
 (:class:`RecordTooLarge`) without decompressing anything.
+
+A row with a path or inline data is a key of the set.  One whose reference cannot be
+served (a negative or overflowing offset/size, a path that cannot be used) is still a key:
+it is listed and stats, and :meth:`Record.ref` refuses it with an error naming the record
+file, the row and the reason, so that its read is EIO.  ENOENT would tell a zarr reader
+that the chunk does not exist, and it would print fill values.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from refmount.errors import FetchError, RefsError
 from refmount.refs.model import Ref
 
 _INT64_MAX = (1 << 63) - 1
@@ -93,69 +100,115 @@ def compact(values: np.ndarray) -> np.ndarray:
 class Record:
     """The decoded rows of one record file."""
 
-    __slots__ = ("codes", "dense", "nbytes", "offsets", "raw", "served", "sizes", "urls")
+    __slots__ = (
+        "codes", "dense", "nbytes", "offsets", "path", "present", "raw", "sizes", "unusable",
+        "urls",
+    )  # fmt: skip
 
     def __init__(
         self,
-        served: np.ndarray,
+        present: np.ndarray,
         raw: pa.Array | None,
         codes: np.ndarray,
         urls: list[str | None],
         offsets: np.ndarray,
         sizes: np.ndarray,
+        *,
+        path: str = "",
+        unusable: dict[int, str] | None = None,
     ) -> None:
-        #: every row is served: ``served`` holds no per-row values
-        self.dense = bool(served.all())
-        self.served = np.broadcast_to(np.True_, served.shape) if self.dense else served
+        #: every row is present: ``present`` holds no per-row values
+        self.dense = bool(present.all())
+        self.present = np.broadcast_to(np.True_, present.shape) if self.dense else present
         self.raw = raw
         self.codes = compact(codes)
         self.urls = urls
+        #: the record file, for messages
+        self.path = path
+        #: why the path of a code whose URL is None cannot be used
+        self.unusable = unusable or {}
         self.offsets = compact(offsets)
         self.sizes = compact(sizes)
         self.nbytes = (
             _RECORD_OVERHEAD
-            + sum(map(_held_bytes, (self.served, self.codes, self.offsets, self.sizes)))
+            + sum(map(_held_bytes, (self.present, self.codes, self.offsets, self.sizes)))
             + (0 if raw is None else raw.get_total_buffer_size())
             + sum(len(u) for u in urls if u is not None)
+            + sum(map(len, self.unusable.values()))
         )
 
     def any_in(self, lo: int, hi: int) -> bool:
-        """Whether a row in ``[lo, hi)`` is served."""
-        hi = min(hi, len(self.served))
+        """Whether a row in ``[lo, hi)`` is present."""
+        hi = min(hi, len(self.present))
         if lo >= hi:
             return False
-        return self.dense or bool(self.served[lo:hi].any())
+        return self.dense or bool(self.present[lo:hi].any())
 
     def has(self, row: int) -> bool:
         if self.dense:
-            return 0 <= row < len(self.served)
-        return 0 <= row < len(self.served) and bool(self.served[row])
+            return 0 <= row < len(self.present)
+        return 0 <= row < len(self.present) and bool(self.present[row])
 
     def rows_in(self, lo: int, hi: int) -> np.ndarray:
-        """The served rows in ``[lo, hi)`` (int64), in order."""
-        hi = min(hi, len(self.served))
+        """The present rows in ``[lo, hi)`` (int64), in order."""
+        hi = min(hi, len(self.present))
         if lo >= hi:
             return np.empty(0, dtype=np.int64)
         if self.dense:
             return np.arange(lo, hi, dtype=np.int64)
-        return np.flatnonzero(self.served[lo:hi]) + lo
+        return np.flatnonzero(self.present[lo:hi]) + lo
 
-    def ref(self, row: int) -> Ref:
+    def _inline(self, row: int) -> bytes | None:
         if self.raw is not None:
             data = self.raw[row]
             if data.is_valid:
-                return Ref(data=data.as_py())
-        url = self.urls[self.codes[row]]
+                return data.as_py()  # type: ignore[no-any-return]
+        return None
+
+    def ref(self, row: int) -> Ref:
+        """A present row's reference; FetchError (EIO) naming the row and the reason when
+        it cannot be served."""
+        data = self._inline(row)
+        if data is not None:
+            return Ref(data=data)
+        code = int(self.codes[row])
+        url = self.urls[code]
         offset, size = int(self.offsets[row]), int(self.sizes[row])
+        problem = self._problem(code, url, offset, size)
+        if problem is not None:
+            raise FetchError(f"row {row} of {self.path}: {problem}: refused")
         if offset == 0 and size == 0:
             return Ref(url=url, length=None)
         return Ref(url=url, offset=offset, length=size)
+
+    def size(self, row: int) -> int | None:
+        """A present row's size as the set knows it (None: a whole remote file).  A row
+        that is refused claims its size when that is positive, else 1 byte: a read must
+        reach the daemon to fail (the kernel reads a 0-byte file as empty by itself)."""
+        data = self._inline(row)
+        if data is not None:
+            return len(data)
+        code = int(self.codes[row])
+        offset, size = int(self.offsets[row]), int(self.sizes[row])
+        if self._problem(code, self.urls[code], offset, size) is not None:
+            return max(size, 1)
+        return None if offset == 0 and size == 0 else size
+
+    def _problem(self, code: int, url: str | None, offset: int, size: int) -> str | None:
+        """Why a row's reference cannot be served, or None."""
+        if url is None:
+            return self.unusable.get(code, "unusable path")
+        if offset < 0 or size < 0:
+            return f"negative offset or size ({offset}, {size})"
+        if offset > _INT64_MAX - size:
+            return f"offset + size overflows ({offset} + {size})"
+        return None
 
 
 def decode(
     data: bytes,
     path: str,
-    resolve: Callable[[str | None, str], str | None],
+    resolve: Callable[[str, str], str],
     warn: Callable[..., None],
     *,
     max_rows: int,
@@ -163,8 +216,8 @@ def decode(
 ) -> Record:
     """A record file's bytes as a :class:`Record`; raises :class:`RecordTooLarge` when
     over the budget (see :func:`check_budget`), one of ``DECODE_ERRORS`` when they are not
-    a usable record.  ``resolve(target, path)`` is a row path as a URL (None when
-    unusable); ``warn(tag, message, *args)`` logs once per tag."""
+    a usable record.  ``resolve(target, path)`` is a row path as a URL (RefsError saying
+    why when it cannot be used); ``warn(tag, message, *args)`` logs once per tag."""
     buffer = pa.BufferReader(data)
     metadata = pq.read_metadata(buffer)
     check_budget(metadata, max_rows, max_bytes)
@@ -177,30 +230,31 @@ def decode(
     )
     n = table.num_rows
     raw = _raw_column(table)
-    codes, urls = _path_column(table, n, path, resolve)
+    codes, urls, unusable = _path_column(table, n, path, resolve)
     offsets = _int_column(table, "offset", n)
     sizes = _int_column(table, "size", n)
 
     if raw is None and n and _all_usable(codes, urls, offsets, sizes):
-        return Record(np.ones(n, dtype=bool), raw, codes, urls, offsets, sizes)
+        return Record(np.ones(n, dtype=bool), raw, codes, urls, offsets, sizes, path=path)
     has_raw = (
         np.zeros(n, dtype=bool) if raw is None else raw.is_valid().to_numpy(zero_copy_only=False)
     )
+    has_path = codes >= 0
     url_ok = np.array([u is not None for u in urls] + [False], dtype=bool)
     has_url = url_ok[codes]  # code -1 (no path) picks the final False
     negative = (offsets < 0) | (sizes < 0)
     bad_range = has_url & (negative | (offsets > _INT64_MAX - np.maximum(sizes, 0)))
-    served = has_raw | (has_url & ~bad_range)
-    errors = int(np.count_nonzero(~has_raw & ((codes >= 0) & ~has_url | bad_range)))
+    errors = int(np.count_nonzero(~has_raw & (has_path & ~has_url | bad_range)))
     if errors:
         warn(
             f"rows:{path}",
-            "%s: %d rows with a negative or overflowing offset/size or an unusable path "
-            "are not served",
+            "%s: %d rows with a negative or overflowing offset/size or an unusable path: "
+            "their keys are I/O errors",
             path,
             errors,
         )
-    return Record(served, raw, codes, urls, offsets, sizes)
+    present = has_raw | has_path
+    return Record(present, raw, codes, urls, offsets, sizes, path=path, unusable=unusable)
 
 
 def _all_usable(
@@ -241,11 +295,12 @@ def _int_column(table: pa.Table, name: str, n: int) -> np.ndarray:
 
 
 def _path_column(
-    table: pa.Table, n: int, path: str, resolve: Callable[[str | None, str], str | None]
-) -> tuple[np.ndarray, list[str | None]]:
-    """Per-row codes (-1: null) into the resolved URLs of the distinct paths."""
+    table: pa.Table, n: int, path: str, resolve: Callable[[str, str], str]
+) -> tuple[np.ndarray, list[str | None], dict[int, str]]:
+    """Per-row codes (-1: null) into the resolved URLs of the distinct paths (None for
+    one that cannot be used), and why each such path cannot."""
     if "path" not in table.column_names:
-        return np.full(n, -1, dtype=np.int32), []
+        return np.full(n, -1, dtype=np.int32), [], {}
     column = table.column("path")
     if not pa.types.is_dictionary(column.type):
         column = pc.dictionary_encode(column)
@@ -255,4 +310,12 @@ def _path_column(
         indices = pc.fill_null(indices, -1)
     codes = indices.to_numpy().astype(np.int32, copy=False)
     values = combined.dictionary.cast(pa.string()).to_pylist()
-    return codes, [resolve(v, path) for v in values]
+    urls: list[str | None] = []
+    unusable: dict[int, str] = {}
+    for code, value in enumerate(values):
+        try:
+            urls.append(resolve(value, path))
+        except RefsError as exc:
+            urls.append(None)
+            unusable[code] = str(exc)
+    return codes, urls, unusable

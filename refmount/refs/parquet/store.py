@@ -32,9 +32,10 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from refmount.errors import FetchError, RefsError
+from refmount.redaction import redact_text
 from refmount.refs.parquet.cache import CostLRU, SingleFlight
 from refmount.refs.parquet.grid import ChunkGrid
 
@@ -80,6 +81,12 @@ class Failed:
 Entry = Any  # Record | _Absent | Failed
 
 
+class _Unusable(NamedTuple):
+    """A row path that cannot be used, and why."""
+
+    reason: str
+
+
 class WarnOnce:
     """Log a warning once per tag (a bounded number of tags)."""
 
@@ -115,7 +122,7 @@ class RecordStore:
         self._root = root
         self._root_lists: bool | None = None
         self._resolve = resolve
-        self._resolved: dict[str, str | None] = {}
+        self._resolved: dict[str, str | _Unusable] = {}
         self._lru: CostLRU[tuple[int, int], Entry] = CostLRU(cache_bytes, _cost)
         self._recent: OrderedDict[tuple[int, int], Record] = OrderedDict()
         #: array index -> record numbers whose files exist (None: cannot be listed)
@@ -305,21 +312,25 @@ class RecordStore:
         self.warn_once(path, "%s: %s: its keys are I/O errors", path, reason)
         return Failed(f"{path}: {reason}")
 
-    def _resolve_one(self, target: str | None, record_path: str) -> str | None:
-        """A row path as a full URL, or None (logged once) when it cannot be used."""
-        if not target:
-            return None
-        if target in self._resolved:
-            return self._resolved[target]
-        try:
-            url: str | None = self._resolve(target)
-        except (RefsError, ValueError) as exc:
-            self.warn_once(f"url:{target}", "%s: unusable path %r: %s", record_path, target, exc)
-            url = None
-        if len(self._resolved) >= _RESOLVE_CACHE_MAX:
-            self._resolved.clear()
-        self._resolved[target] = url
-        return url
+    def _resolve_one(self, target: str, record_path: str) -> str:
+        """A row path as a full URL; RefsError saying why (logged once per path) when it
+        cannot be used."""
+        found = self._resolved.get(target)
+        if found is None:
+            try:
+                if not target:
+                    raise RefsError("an empty path")
+                found = self._resolve(target)
+            except (RefsError, ValueError) as exc:
+                found = _Unusable(redact_text(str(exc)))
+                self.warn_once(f"url:{target}", "%s: unusable path %r: %s", record_path,
+                               target, found.reason)  # fmt: skip
+            if len(self._resolved) >= _RESOLVE_CACHE_MAX:
+                self._resolved.clear()
+            self._resolved[target] = found
+        if isinstance(found, _Unusable):
+            raise RefsError(found.reason)
+        return found
 
     # --- statistics and cleanup -----------------------------------------------------------
 

@@ -166,8 +166,8 @@ PLUGINS = ("lz4", "zstd")
 #:   in native order;
 #: * GDAL 3.6 refuses shuffle, fletcher32, rank 0 (raster API) and ``|O``; 3.12 refuses
 #:   fletcher32, rank 0 and ``|O``, and fails a zlib filter's chunk stored larger than decoded;
-#: * VirtualiZarr writes a rank-0 array's chunk key as ``crs/``, which no reader asks for:
-#:   every reader that reads ``crs`` at all reads the fill value.
+#: (VirtualiZarr writes a rank-0 array's chunk key as ``crs/``, which no reader asks for:
+#: refmount serves it as ``crs/0``, so every reader that reads ``crs`` reads its value.)
 RAW_LIMITS: dict[str, dict[str, dict[str, Outcome]]] = {
     "ncdump": {
         "kerchunk-cf": dict.fromkeys(CF_ALL, CRASH),
@@ -183,7 +183,7 @@ RAW_LIMITS: dict[str, dict[str, dict[str, Outcome]]] = {
         },
         "virtualizarr-cf": {
             **dict.fromkeys(("temp", "packed", "nanfill"), SHUFFLE),
-            "station_name": VLEN, "checked": FLETCHER32, "crs": WRONG,
+            "station_name": VLEN, "checked": FLETCHER32,
         },
     },
     "gdal_translate": {
@@ -205,8 +205,6 @@ RAW_LIMITS: dict[str, dict[str, dict[str, Outcome]]] = {
             "checked": FLETCHER32,
         },
     },
-    "zarr": {"virtualizarr-cf": {"crs": WRONG}},
-    "xarray": {"virtualizarr-cf": {"crs": WRONG}},
 }  # fmt: skip
 
 ABSENT = Outcome("absent")
@@ -328,10 +326,6 @@ def test_xarray_decodes_cf_as_from_the_original(refset: RefSet, view: str, mount
         warnings.simplefilter("ignore")
         with xr.open_zarr(str(mounted), consolidated=False) as ds:
             loaded = ds.load()
-    if view == "raw" and refset.name.startswith("virtualizarr"):
-        # The raw view skips VirtualiZarr's chunk key "crs/": its fill value is read, masked.
-        assert loaded["crs"].isnull().all()
-        loaded, expected = loaded.drop_vars("crs"), expected.drop_vars("crs")
     if view == "decode":
         # rank 0 is served as one element along "_scalar_": the value, once squeezed
         assert loaded["crs"].dims == (SCALAR_DIMENSION,) and loaded.sizes[SCALAR_DIMENSION] == 1
@@ -350,9 +344,8 @@ def test_zarr_sees_a_rank0_array_as_one_element_through_decode(
     refset: RefSet, view: str, mounted: Path
 ) -> None:
     """zarr 3 reads ``crs`` as shape ``()`` through the raw view and ``(1,)`` through
-    ``--decode``, with the same value (VirtualiZarr's raw ``crs/`` key aside)."""
+    ``--decode``, with the same value (VirtualiZarr's ``crs/`` key served as ``crs/0``)."""
     crs = zarr.open_group(str(mounted), mode="r", zarr_format=2)["crs"]
     assert crs.shape == ((1,) if view == "decode" else ())
     assert crs.attrs["_ARRAY_DIMENSIONS"] == ([SCALAR_DIMENSION] if view == "decode" else [])
-    if view == "decode" or refset.name.startswith("kerchunk"):
-        assert crs[...].tolist() == ([0] if view == "decode" else 0)
+    assert crs[...].tolist() == ([0] if view == "decode" else 0)

@@ -529,14 +529,14 @@ def test_a_reader_coming_to_a_shard_being_read_ahead_waits_for_it(mount, tmp_pat
 
 
 def test_two_readers_entering_a_shard_together_get_it_in_one_request(mount, tmp_path: Path) -> None:
-    """Over a server that answers each request after 0.5 s: two inner chunks of a shard
-    read at once, before its index has come: the first its index and its own range, the
-    second (a reader going through) the whole shard in one request, not the index and
-    then the run; both exact."""
+    """Over a server that answers each request after 2 s (time for the second read to
+    arrive on a busy machine): two inner chunks of a shard read at once, before its index
+    has come: the first its index and its own range, the second (a reader going through)
+    the whole shard in one request, not the index and then the run; both exact."""
     root = tmp_path / "www"
     values = sharded_store(root / "both.zarr", (64, 64), seed=19)
     size = (root / "both.zarr/c/0/0").stat().st_size
-    with RangeServer(root, delay=0.5) as server:
+    with RangeServer(root, delay=2.0) as server:
         refs = store_refs(root / "both.zarr")
         for key, ref in refs["refs"].items():
             if isinstance(ref, list):

@@ -64,6 +64,14 @@ def _note(record: OrderedDict[Any, Any], key: Any, value: Any = None) -> None:
         record.popitem(last=False)
 
 
+ShardId = tuple[str | None, int, Checksum | None]
+
+
+def _shard_id(source: Ref) -> ShardId:
+    """What names a shard in the bounded records: its reference, not its key."""
+    return (source.url, source.offset, source.checksum)
+
+
 def _whole(shard: ShardDecoder, size: int) -> bool:
     """Whether a shard of ``size`` bytes is read whole by a reader going through it: it
     is one run (at most :data:`RUN` inner chunks, :data:`RUN_BYTES`)."""
@@ -118,16 +126,14 @@ class DecodedReads:
             weakref.WeakValueDictionary()
         )
         #: Each recently read shard's last inner chunk position (see ``_in_order``).
-        self._last_inner: OrderedDict[tuple[str | None, int, Checksum | None], int] = OrderedDict()
+        self._last_inner: OrderedDict[ShardId, int] = OrderedDict()
         #: Shards whose next shard was read ahead (a bounded record).
-        self._ahead_from: OrderedDict[tuple[str | None, int, Checksum | None], None] = OrderedDict()
+        self._ahead_from: OrderedDict[ShardId, None] = OrderedDict()
         #: Shards whose first run was read ahead (a bounded record): each set once its
         #: inner chunks' parts are made (or the read-ahead is over).
-        self._shards_ahead: OrderedDict[tuple[str | None, int, Checksum | None], trio.Event] = (
-            OrderedDict()
-        )
+        self._shards_ahead: OrderedDict[ShardId, trio.Event] = OrderedDict()
         #: Shards whose index was read (a bounded record).
-        self._indexed: OrderedDict[tuple[str | None, int, Checksum | None], None] = OrderedDict()
+        self._indexed: OrderedDict[ShardId, None] = OrderedDict()
         #: Inner chunks of a run whose job failed, decoded alone since (a bounded record).
         self._alone: OrderedDict[ChunkKey, None] = OrderedDict()
         self._counters = dict.fromkeys(
@@ -253,43 +259,34 @@ class DecodedReads:
         if source.data is not None:
             inner = shard.inner_bytes(await self._raw(array, source, shard.max_raw_size))
             return shard.filled() if inner is None else await self._job(shard.inner, inner)
-        assert source.url is not None
-        size = source.length
-        if size is None:
-            size = await self.blocks.fetcher.size(source.url)
-        start, end = shard.index_range(size)
+        size = await self._length(source)
         going = self._in_order(source, shard.position)
         if going:  # the next shards' bytes on their way before this one's come
             self._ahead_of(url, source, shard)
-        identity = (source.url, source.offset, source.checksum)
-        whole = None
-        if going and identity not in self._indexed and _whole(shard, size):
-            # a reader going through a shard whose index is not in yet: the shard in
-            # one request, its index with its run (one round trip, not two)
-            whole = await self._range(source, 0, size)
-            index = memoryview(whole)[start:end]
-        else:
-            index = await self._range(source, start, end)
-        _note(self._indexed, identity)
+        # a reader going through a shard whose index is not in yet: the shard in one
+        # request, its index with its run (one round trip, not two)
+        whole = going and _shard_id(source) not in self._indexed
+        index, fetched = await self._index(source, shard, size, whole=whole)
+        _note(self._indexed, _shard_id(source))
         found = shard.locate(index, size)
         if found is None:
             return shard.filled()
         offset, length = found
         run = shard.run(index, size) if going else None
         if run is None:
-            if whole is not None:
-                return await self._job(shard.inner, memoryview(whole)[offset : offset + length])
+            if fetched is not None:
+                return await self._job(shard.inner, memoryview(fetched)[offset : offset + length])
             return await self._job(shard.inner, await self._range(source, offset, offset + length))
         view, file_id = self._view_of(url)
         ranks = None if view is None else view.inner_ranks(file_id)
-        decoded = await self._run(source, shard, run, fetched=whole, ranks=ranks)
+        decoded = await self._run(source, shard, run, fetched=fetched, ranks=ranks)
         assert decoded is not None  # a reader's run returns its chunk
         return decoded
 
     def _ahead_of(self, url: str, source: Ref, shard: ShardDecoder) -> None:
         """Read the shards after ``source`` ahead, once: a reader goes through ``source``
         (a second inner chunk of it read, or one read ahead)."""
-        identity = (source.url, source.offset, source.checksum)
+        identity = _shard_id(source)
         if identity not in self._ahead_from:
             _note(self._ahead_from, identity)
             self.blocks.spawn(self._read_ahead, url, shard)
@@ -313,28 +310,19 @@ class DecodedReads:
         record): a shard of at most :data:`RUN` inner chunks within :data:`RUN_BYTES`
         fetched whole, its index with its run in one request (one round trip, not two);
         a larger one's index, then its first run."""
-        identity = (source.url, source.offset, source.checksum)
+        identity = _shard_id(source)
         if identity in self._shards_ahead:
             return
         reserved = trio.Event()
         _note(self._shards_ahead, identity, reserved)
         try:
-            assert source.url is not None
-            size = source.length
-            if size is None:
-                size = await self.blocks.fetcher.size(source.url)
-            start, end = shard.index_range(size)
-            whole = None
-            if _whole(shard, size):
-                whole = await self._range(source, 0, size)
-                index = memoryview(whole)[start:end]
-            else:
-                index = await self._range(source, start, end)
+            size = await self._length(source)
+            index, fetched = await self._index(source, shard, size, whole=True)
             run = shard.first_run(index, size)
             if run is not None:
                 at = shard.at(run.spans[0][0])
                 await self._run(
-                    source, at, run, reader=False, fetched=whole, ranks=ranks, reserved=reserved
+                    source, at, run, reader=False, fetched=fetched, ranks=ranks, reserved=reserved
                 )
         except (FetchError, DecodeError, JobFailed) as exc:
             log.debug("reading ahead of %s: %s", url, exc)
@@ -347,7 +335,7 @@ class DecodedReads:
         """Wait, if shard ``source`` is being read ahead, until its inner chunks' parts
         are made: a reader that comes to it meanwhile then waits for its part rather than
         fetching the shard's index, its chunk and its run again."""
-        reserved = self._shards_ahead.get((source.url, source.offset, source.checksum))
+        reserved = self._shards_ahead.get(_shard_id(source))
         if reserved is not None:
             await reserved.wait()
 
@@ -484,10 +472,29 @@ class DecodedReads:
     def _in_order(self, source: Ref, position: int) -> bool:
         """Whether another inner chunk of this shard was read before (its reader goes
         through the shard); notes the shard (a bounded record of recent shards)."""
-        shard = (source.url, source.offset, source.checksum)
+        shard = _shard_id(source)
         last = self._last_inner.pop(shard, None)
         _note(self._last_inner, shard, position)
         return last is not None and last != position
+
+    async def _length(self, source: Ref) -> int:
+        """The length of ``source``'s bytes: the reference's, else the store's size."""
+        assert source.url is not None
+        if source.length is not None:
+            return source.length
+        return await self.blocks.fetcher.size(source.url)
+
+    async def _index(
+        self, source: Ref, shard: ShardDecoder, size: int, *, whole: bool
+    ) -> tuple[Buffer, Buffer | None]:
+        """Shard ``source``'s index, and the whole shard when ``whole`` is asked for and
+        it is one run (fetched in one request with its index: one round trip, not two;
+        else ``None``)."""
+        start, end = shard.index_range(size)
+        if whole and _whole(shard, size):
+            fetched = await self._range(source, 0, size)
+            return memoryview(fetched)[start:end], fetched
+        return await self._range(source, start, end), None
 
     async def _range(self, source: Ref, start: int, end: int) -> bytes | memoryview:
         """Bytes ``[start, end)`` of ``source``, fetched as a reference of their own."""
@@ -511,14 +518,10 @@ class DecodedReads:
             if len(source.data) > bound:
                 raise FetchError(f"array {array or '/'!r}: an inline chunk over {bound} bytes")
             return source.data
-        assert source.url is not None
-        length = source.length
-        if length is None:
-            length = await self.blocks.fetcher.size(source.url)
+        length = await self._length(source)
         if length > bound:
             raise FetchError(
                 f"array {array or '/'!r}: a raw chunk of {length} bytes, over {bound} "
                 "for its decoded chunk"
             )
-        start, end = source.offset, source.offset + length
-        return await self.blocks.read_buffer(source.url, start, end, (start, end), source.checksum)
+        return await self._range(source, 0, length)

@@ -195,6 +195,21 @@ def test_a_rank0_chunk_key_name_slash_is_name_0_where_name_is_an_array(
     assert len(skipped) == 2 and any("'g/'" in w for w in skipped)
 
 
+@pytest.mark.parametrize("explicit_first", [True, False])
+def test_an_explicit_name_0_wins_over_the_rank0_stand_in_name_slash(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, explicit_first: bool
+) -> None:
+    """``name/0`` is the key zarr asks for: where a set has it and ``name/`` too, it is
+    served, whichever comes later in the file; ``name/`` is skipped and named."""
+    pairs = [("s/0", "explicit"), ("s/", "stand-in")]
+    document = {"s/.zarray": "{}", **dict(pairs if explicit_first else pairs[::-1])}
+    with caplog.at_level(logging.WARNING):
+        refset = load(tmp_path, document)
+    assert as_dict(refset) == {"s/.zarray": Ref(data=b"{}"), "s/0": Ref(data=b"explicit")}
+    skipped = [r.getMessage() for r in caplog.records if "skipping key" in r.getMessage()]
+    assert len(skipped) == 1 and "'s/'" in skipped[0]
+
+
 def test_a_later_gen_key_overrides_refs(tmp_path: Path) -> None:
     refset = load(
         tmp_path,

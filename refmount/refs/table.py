@@ -171,19 +171,23 @@ def _rank0_chunk_keys(table: pa.Table) -> pa.Table:
     """VirtualiZarr's chunk key of a rank-0 Zarr v2 array, ``name/``, as ``name/0``: the
     key zarr asks for.  A key ending in ``/`` cannot be a path (fsspec never serves it
     either), so zarr would read the fill value in its place.  Only where ``name/.zarray``
-    is a key, so that no other key ending in ``/`` (a directory marker) becomes a file.
-    Before the keys are checked; a set without such keys costs one pass over its keys."""
+    is a key, so that no other key ending in ``/`` (a directory marker) becomes a file,
+    and ``name/0`` is not: the key zarr asks for wins over its stand-in, in whatever
+    order the two come (the stand-in is then skipped as unusable, and logged).  Before
+    the keys are checked; a set without such keys costs one pass over its keys."""
     column = table.schema.get_field_index("key")
     keys = table.column(column)
     rows = np.flatnonzero(arrays.mask(pc.ends_with(keys, "/")))
     if not len(rows):
         return table
     names = [keys[int(row)].as_py()[:-1] for row in rows]
+    every_key = keys.combine_chunks()
     metadata = arrays.strings([f"{name}/.zarray" for name in names])
-    arrays_ = arrays.mask(pc.is_in(metadata, value_set=keys.combine_chunks()))
+    arrays_ = arrays.mask(pc.is_in(metadata, value_set=every_key))
+    explicit = arrays.mask(pc.is_in(arrays.strings([f"{n}/0" for n in names]), every_key))
     chosen = np.zeros(len(keys), bool)
-    for row, name, is_array in zip(rows.tolist(), names, arrays_, strict=True):
-        chosen[row] = is_array and bool(name) and not name.endswith("/")
+    for row, name, is_array, has_zero in zip(rows.tolist(), names, arrays_, explicit, strict=True):
+        chosen[row] = is_array and not has_zero and bool(name) and not name.endswith("/")
     if not chosen.any():
         return table
     zero = pa.scalar("0", keys.type)

@@ -7,10 +7,12 @@ import errno
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import netCDF4
 import numpy as np
@@ -30,6 +32,7 @@ from tests.support.icechunk_repos import (
     write_native,
 )
 from tests.support.mounting import child_env
+from tests.support.v3_2026 import rewrite_manifest
 
 ARRAYS = ("native", "sparse", "temp", "time")
 
@@ -212,6 +215,34 @@ def test_huge_claimed_size_is_refused(copy: Built, mount) -> None:
     assert raised.value.errno == errno.EIO
     assert "huge/c/0" in m.log() and "refused" in m.log()
     np.testing.assert_array_equal(read_mount_array(m.mountpoint, "native"), native_values(2))
+    assert m.process.poll() is None
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [{"offset": (1 << 62) + 1}, {"offset": 0, "checksum": "etag\nwith a line break"}],
+    ids=["offset-out-of-bounds", "etag-not-a-header"],
+)
+def test_a_refused_chunk_claiming_no_bytes_is_eio_not_empty(
+    copy: Built, mount, claim: dict[str, Any]
+) -> None:
+    """A refused reference of length 0 is not an empty chunk: a file of size 0 the kernel
+    reads without asking the daemon, so its size is 1 and its read the refusal's EIO.
+    Icechunk writes no reference of length 0 (it refuses one): the manifest is edited."""
+    session = open_local(copy.root).writable_session("main")
+    store = session.store
+    zarr.open_group(store).create_array("empty", shape=(10,), chunks=(10,), dtype="u1")
+    marker = 0x5A17_5A17
+    store.set_virtual_ref("empty/c/0", copy.netcdf.as_uri(), length=marker, **claim)
+    session.commit("a refused chunk")
+    rewrite_manifest(copy.root, struct.pack("<Q", marker), struct.pack("<Q", 0))
+    m = mount(copy.root)
+    assert os.listdir(m.mountpoint / "empty/c") == ["0"]
+    assert os.stat(m.mountpoint / "empty/c/0").st_size == 1
+    with pytest.raises(OSError) as raised, open(m.mountpoint / "empty/c/0", "rb") as chunk:
+        chunk.read()
+    assert raised.value.errno == errno.EIO
+    assert "empty/c/0" in m.log() and "refused" in m.log()
     assert m.process.poll() is None
 
 

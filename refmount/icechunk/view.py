@@ -288,42 +288,39 @@ class IcechunkRefSet(RefSet):
         kind = int(chunks.kinds[row])
         if kind == INLINE:
             return Ref(data=chunks.inline_bytes(row))
-        offset, length = int(chunks.offsets[row]), int(chunks.lengths[row])
         key = f"{array.node.path}/{array.keys.name(index)}"
-        if length > MAX_CHUNK_BYTES or offset > (1 << 62):
-            raise FetchError(
-                f"{key}: the manifest claims {length} bytes at offset {offset}, over the "
-                f"bound of {MAX_CHUNK_BYTES} bytes per chunk: refused"
-            )
+        refusal = _refusal(chunks, row)
+        if refusal is not None:
+            raise FetchError(f"{key}: {refusal}: refused")
+        offset, length = int(chunks.offsets[row]), int(chunks.lengths[row])
         if kind == NATIVE:
             return Ref(url=self.location.chunk_url(chunks.path(row)), offset=offset, length=length)
-        checksum = chunks.checksum_of(row)
-        if checksum is not None and checksum.etag is not None:
-            problem = header_text.value_problem(checksum.etag)
-            if problem is not None:
-                shown = header_text.escaped(checksum.etag, 60)
-                raise FetchError(
-                    f"{key}: the manifest's checksum ETag {shown!r} {problem}: refused"
-                )
         return Ref(
             url=self.containers.target(chunks.path(row), key),
             offset=offset,
             length=length,
-            checksum=checksum,
+            checksum=chunks.checksum_of(row),
         )
 
     def file_size(self, file_id: int) -> int | None:
         """Asked for every entry of a listing, just after :meth:`children` gave it: the
-        sizes of the window of chunks it lists last answer without a search."""
+        sizes of the window of chunks it lists last answer without a search.  A refused
+        chunk that claims no bytes is 1 byte long: the kernel reads a file of size 0
+        without asking, and the reader would get an empty chunk, not the read's EIO."""
         size = self._listed.get(file_id)
-        if size is not None:
+        if size:
             return size
         if file_id < len(self._meta_keys):
             return len(self._meta_bytes[file_id])
         array, index = self._chunk_of(file_id)
         chunks = self._held(array)
         row = chunks.row(index)
-        return None if row is None else chunks.size(row)
+        if row is None:
+            return None
+        size = chunks.size(row)
+        if size == 0 and int(chunks.kinds[row]) != INLINE and _refusal(chunks, row):
+            return 1
+        return size
 
     # --- directories -----------------------------------------------------------------
 
@@ -498,3 +495,21 @@ def _extents_grid(node: Node, rank: int, problem: GridError) -> tuple[int, ...] 
     log.info("%s: chunk grid not read (%s): its keys are the manifests' %s", node.path,
              problem, grid)  # fmt: skip
     return tuple(grid)
+
+
+def _refusal(chunks: ArrayIndex, row: int) -> str | None:
+    """Why a manifest's reference to stored bytes (not inline) is not fetched, if it is
+    not: bounds no chunk can have, or a checksum ETag no header may carry."""
+    offset, length = int(chunks.offsets[row]), int(chunks.lengths[row])
+    if length > MAX_CHUNK_BYTES or offset > (1 << 62):
+        return (
+            f"the manifest claims {length} bytes at offset {offset}, over the bound of "
+            f"{MAX_CHUNK_BYTES} bytes per chunk"
+        )
+    checksum = chunks.checksum_of(row) if int(chunks.kinds[row]) != NATIVE else None
+    if checksum is not None and checksum.etag is not None:
+        problem = header_text.value_problem(checksum.etag)
+        if problem is not None:
+            shown = header_text.escaped(checksum.etag, 60)
+            return f"the manifest's checksum ETag {shown!r} {problem}"
+    return None

@@ -153,16 +153,31 @@ def unknown_grid_repository(
 
 def _rewrite_snapshot(root: Path, snapshot_id: str, old: bytes, new: bytes) -> None:
     """Replace the one occurrence of ``old`` in a snapshot's body by ``new`` (as long)."""
+    assert _rewrite(root / "snapshots" / snapshot_id, old, new)
+
+
+def rewrite_manifest(root: Path, old: bytes, new: bytes) -> None:
+    """Replace the one occurrence of ``old`` in the one manifest of the repository at
+    ``root`` that holds it by ``new`` (as long): what no icechunk writes."""
+    rewritten = [path for path in (root / "manifests").iterdir() if _rewrite(path, old, new)]
+    assert len(rewritten) == 1, rewritten
+
+
+def _rewrite(path: Path, old: bytes, new: bytes) -> bool:
+    """Replace ``old`` in the body of an Icechunk file (its header, then zstd) by ``new``
+    (as long), if the body holds it once; whether it did."""
     import zstandard
 
     from refmount.icechunk.manifest import HEADER_SIZE
 
-    snapshot = root / "snapshots" / snapshot_id
-    data = snapshot.read_bytes()
+    data = path.read_bytes()
     body = zstandard.ZstdDecompressor().decompressobj().decompress(data[HEADER_SIZE:])
-    assert len(old) == len(new) and body.count(old) == 1
+    assert len(old) == len(new) and body.count(old) <= 1
+    if old not in body:
+        return False
     body = body.replace(old, new)
-    snapshot.write_bytes(data[:HEADER_SIZE] + zstandard.ZstdCompressor().compress(body))
+    path.write_bytes(data[:HEADER_SIZE] + zstandard.ZstdCompressor().compress(body))
+    return True
 
 
 def unserved_keys_repository(root: Path) -> dict[str, np.ndarray]:

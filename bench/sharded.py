@@ -32,12 +32,15 @@ Systems, each read in a fresh process from a fresh mount (cold):
 
 Each row: seconds (best of ``--repeat``), the requests and bytes the daemon fetched and
 the decoding jobs its workers ran (its ``user.refmount.stats``; for ``second``, over
-both reads), and the load average beside it.
+both reads), the CPU time of the daemon and of its worker processes during the timed
+read (that run's; ``/proc/PID/task/*/schedstat``: what a loaded machine changes least),
+and the load average beside it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -109,15 +112,41 @@ def stats(mnt: Path) -> tuple[int, int, int]:
     return found["requests"], found["bytes_fetched"], found.get("worker_jobs", 0)
 
 
+def cpu_ms(pid: int) -> float:
+    """Milliseconds of CPU the threads of process ``pid`` have run so far (0 once it is
+    gone)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError):
+            total += int(task.read_text().split()[0])
+    return total / 1e6
+
+
+def cpu_split(pid: int) -> tuple[float, dict[int, float]]:
+    """CPU milliseconds so far of daemon ``pid`` and of each of its child processes."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            children += [int(child) for child in task.read_text().split()]
+    return cpu_ms(pid), {child: cpu_ms(child) for child in children}
+
+
+def cpu_during(pid: int, before: tuple[float, dict[int, float]]) -> tuple[float, float]:
+    """CPU milliseconds of daemon ``pid`` and of its workers since ``before``."""
+    daemon, workers = cpu_split(pid)
+    return daemon - before[0], sum(ms - before[1].get(child, 0.0) for child, ms in workers.items())
+
+
 def load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def measure(
     refs: Path, work: Path, args: list[str], read: list[str], mode: str
-) -> tuple[float, str, int, int, int]:
+) -> tuple[float, str, int, int, int, float, float]:
     """One read in a fresh process from a fresh mount: seconds, checksum, requests and
-    bytes the daemon fetched, decoding jobs.  ``mode``: ``fresh`` (the first read of a
+    bytes the daemon fetched, decoding jobs, CPU milliseconds of the daemon and of its
+    workers during the timed read.  ``mode``: ``fresh`` (the first read of a
     fresh daemon), ``workers`` (after one chunk of another array), ``second`` (the
     second read of the same reader after ``workers``: the second's seconds),
     ``dropped`` (the same, the kernel's page cache of the array's files dropped between
@@ -129,15 +158,19 @@ def measure(
         if mode != "fresh":  # the decode workers start on their first chunk: another array's
             (mnt / ("warm/0" if "--decode" in args else "warm/c/0")).read_bytes()
         if read[0] == "cat":
+            before = cpu_split(mounted.pid)
             start = time.perf_counter()
             subprocess.run(["cat", str(mnt / read[1])], capture_output=True, check=True)
-            return (time.perf_counter() - start, "-", *stats(mnt))
+            seconds = time.perf_counter() - start
+            return (seconds, "-", *stats(mnt), *cpu_during(mounted.pid, before))
+        before = cpu_split(mounted.pid)
         seconds_text, total = python(READ, str(mnt / "field"), read[1])
         if mode in ("second", "dropped"):
             if mode == "dropped":
                 drop_page_cache(mnt / "field")
+            before = cpu_split(mounted.pid)
             seconds_text, total = python(READ, str(mnt / "field"), read[1])
-        return (float(seconds_text), total, *stats(mnt))
+        return (float(seconds_text), total, *stats(mnt), *cpu_during(mounted.pid, before))
     finally:
         mounted.stop()
 
@@ -203,18 +236,19 @@ def main() -> None:
                     ["--decode"], ["zarr", "2"], "dropped"),
                 "decoded, one inner chunk (cat)": (["--decode"], ["cat", "field/3.5"], "workers"),
             }  # fmt: skip
-            print("| system | seconds | requests | MB fetched | decode jobs | sum equal | load |")
-            print("|---|---|---|---|---|---|---|")
+            print("| system | seconds | requests | MB fetched | decode jobs | daemon CPU ms "
+                  "| workers CPU ms | sum equal | load |")  # fmt: skip
+            print("|---|---|---|---|---|---|---|---|---|")
             for name, (mount_args, read, mode) in systems.items():
                 runs = [measure(refs, work, mount_args, read, mode) for _ in range(args.repeat)]
-                seconds, got, requests, fetched, jobs = min(runs)
+                seconds, got, requests, fetched, jobs, daemon, workers = min(runs)
                 same = "-" if got == "-" else str(abs(float(got) - float(total)) < 1e-3)
                 print(f"| {name} | {seconds:.2f} | {requests} | {fetched / 1e6:.3f} | {jobs} "
-                      f"| {same} | {load()} |")  # fmt: skip
+                      f"| {daemon:.0f} | {workers:.0f} | {same} | {load()} |")  # fmt: skip
             seconds, got = on_tmpfs(refs, work, args.repeat)
             same = str(abs(float(got) - float(total)) < 1e-3)
-            print(f"| decoded v2 copy on tmpfs (no FUSE) | {seconds:.2f} | - | - | - | {same} "
-                  f"| {load()} |")  # fmt: skip
+            print(f"| decoded v2 copy on tmpfs (no FUSE) | {seconds:.2f} | - | - | - | - | - "
+                  f"| {same} | {load()} |")  # fmt: skip
         shard = (www / "store.zarr/field/c/0/0").read_bytes()
         index = 64 * 16 + 4
         entries = np.frombuffer(shard[-index:-4], "<u8").reshape(64, 2)

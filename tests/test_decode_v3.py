@@ -21,14 +21,17 @@ from pathlib import Path
 import google_crc32c
 import numpy as np
 import pytest
+import trio
 import xarray as xr
 import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
 from refmount.decode import ArrayRefused, DecodedRefSet, DecodeError, parse_zarray
+from refmount.decode import view as view_module
 from refmount.decode.v3.codecs import v2_pipeline
 from refmount.decode.v3.metadata import Array, parse_node
 from refmount.decode.v3.tree import V3AsV2
+from refmount.decode.view import DecodedRef
 from refmount.refs import open_refset
 from tests.conftest import Mounted
 from tests.support.mounting import REFMOUNT, child_env
@@ -573,3 +576,45 @@ def test_a_shard_index_is_fetched_once_for_all_its_inner_chunks(
     stats = json.loads(os.getxattr(mounted.mountpoint, "user.refmount.stats"))
     assert stats["requests"] <= 6 + 19  # readahead may join neighbouring ranges
     assert (stats["decoded_chunks"], stats["decode_errors"]) == (20, 0)
+
+
+def test_resolved_inner_chunks_are_bounded_and_stay_each_ones_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A view keeps at most ``RESOLVED_CHUNKS`` chunks resolved; each inner chunk's
+    reference, read first, again from what is kept, or again after being dropped, is its
+    own place in its own shard, as a view that never kept any resolves it."""
+    store = tmp_path / "sharded.zarr"
+    zarr.create_array(
+        store, shape=(4, 8), chunks=(2, 2), shards=(2, 4), dtype="f8", fill_value=0,
+        compressors=[ZstdCodec(level=1)],
+    )[...] = np.arange(32, dtype="<f8").reshape(4, 8)  # fmt: skip
+    raw = open_refset(str(write_refs(store_refs(store), tmp_path / "refs.json")))
+    monkeypatch.setattr(view_module, "RESOLVED_CHUNKS", 3)
+    kept, fresh = DecodedRefSet(raw, 0), DecodedRefSet(raw, 0)
+    names = [f"{i}.{j}" for i in range(2) for j in range(4)]
+    ids = {name: (kept.file_id(name), fresh.file_id(name)) for name in names}
+
+    async def resolve() -> list[tuple[object, ...]]:
+        found = []
+        for name in [*names, *names[::-1], *names]:
+            mine, theirs = ids[name]
+            assert mine is not None and theirs is not None
+            ref = await kept.file_ref(mine)
+            assert len(kept._resolved) <= 3
+            source = await kept.chunk_source(mine)
+            expected = await fresh.file_ref(theirs)
+            assert source is not None and isinstance(ref, DecodedRef)
+            assert isinstance(expected, DecodedRef) and expected.decoder is not None
+            same = ref.source == expected.source and source[2].key == expected.decoder.key
+            found.append((same, ref.url, source[0], source[1], source[2].key))
+        return found
+
+    found = trio.run(resolve)
+    assert all(same for same, *_ in found)
+    urls = {url for _, url, *_ in found}
+    assert len(urls) == 8  # one file each, never another's
+    shards = {(url, shard) for _, url, _, shard, _ in found}
+    assert len({shard for _, shard in shards}) == 4 and len(shards) == 8
+    decoders = {(url, key) for _, url, _, _, key in found}
+    assert len(decoders) == 8 and len({key for _, key in decoders}) == 2  # 2 places per shard

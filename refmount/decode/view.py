@@ -59,6 +59,9 @@ CREATED_IDS_BASE = GENERATION_SPAN - CREATED_IDS
 #: The listing cursor of a made ``.zattrs``: after every entry of the set's own.
 CREATED_CURSOR = 1 << 62
 ATTRIBUTES = ".zattrs"
+#: Decoded chunks' references a view keeps resolved (a reader's lookup, its read and
+#: the read's decoding each ask for the same file's).
+RESOLVED_CHUNKS = 4096
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -116,6 +119,9 @@ class DecodedRefSet(RefSet):
         self._rewritten: dict[int, bytes] = {}  # file id of inline metadata -> its text
         self._created_ids: dict[str, int] = {}  # rank-0 array path -> its made .zattrs
         self._created_paths: dict[int, str] = {}  # and back
+        #: Chunk file id -> its decoded reference and array path, as ``file_ref`` found
+        #: them (at most :data:`RESOLVED_CHUNKS`, the oldest dropped first).
+        self._resolved: dict[int, tuple[DecodedRef, str]] = {}
 
     # -- arrays ---------------------------------------------------------------------------
 
@@ -209,8 +215,7 @@ class DecodedRefSet(RefSet):
         ref = await self.file_ref(file_id)
         if not isinstance(ref, DecodedRef) or ref.source is None or ref.decoder is None:
             return None
-        found = self.chunk_array(self.raw.key(file_id))
-        return (found[0] if found else "?", ref.source, ref.decoder)
+        return (self._resolved[file_id][1], ref.source, ref.decoder)
 
     async def next_shards(self, file_id: int) -> list[tuple[Ref, list[int]]]:
         """For an inner chunk of a sharded array, the raw references of the shards a
@@ -334,10 +339,19 @@ class DecodedRefSet(RefSet):
         return self._presented(file_id, self.raw.ref(file_id))
 
     async def file_ref(self, file_id: int) -> Ref:
+        resolved = self._resolved.get(file_id)
+        if resolved is not None:
+            return resolved[0]
         await self.measure_strings()
         if file_id in self._created_paths:
             return self.ref(file_id)
-        return self._presented(file_id, await self.raw.file_ref(file_id))
+        presented = self._presented(file_id, await self.raw.file_ref(file_id))
+        if isinstance(presented, DecodedRef):  # kept once the strings are measured
+            found = self.chunk_array(self.raw.key(file_id))
+            if len(self._resolved) >= RESOLVED_CHUNKS:
+                del self._resolved[next(iter(self._resolved))]
+            self._resolved[file_id] = (presented, found[0] if found else "?")
+        return presented
 
     async def find_file(self, key: str) -> int | None:
         await self.measure_strings()

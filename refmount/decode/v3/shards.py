@@ -64,9 +64,11 @@ class ShardLayout:
 
     def shard_of(self, inner: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
         """The shard holding inner chunk ``inner``, and the inner chunk's position in it."""
-        shard = tuple(i // n for i, n in zip(inner, self.per_shard, strict=True))
-        local = tuple(i % n for i, n in zip(inner, self.per_shard, strict=True))
-        return shard, int(np.ravel_multi_index(local, self.per_shard)) if local else 0
+        shard, position = [], 0  # C order, in plain integers (a lookup's cost, per file)
+        for i, n in zip(inner, self.per_shard, strict=True):
+            shard.append(i // n)
+            position = position * n + i % n
+        return tuple(shard), position
 
     def after(self, shard: tuple[int, ...], grid: tuple[int, ...]) -> list[tuple[int, ...]]:
         """The shards a reader going through ``shard`` of an array of ``grid`` inner

@@ -419,10 +419,41 @@ def start_meter(setup: Setup) -> None:
         setup.meter.start()
 
 
+#: The kernel reports free memory to a virtio balloon that asks for it after 2 s (its
+#: ``PAGE_REPORTING_DELAY``), and the host takes it back: a page touched again then costs
+#: a fault on the host too.  Waiting this long after a drop lets every cold row start
+#: from the same memory (see :func:`drop_caches`).
+REPORTING_SETTLE = 3.0
+#: The virtio device id of a memory balloon, and its feature bit of free page reporting.
+_BALLOON_DEVICE = "0x0005"
+_F_REPORTING = 5
+
+
+def page_reporting() -> bool:
+    """Whether this machine's free memory is reported to its host (a virtio balloon with
+    ``VIRTIO_BALLOON_F_REPORTING``)."""
+    for device in Path("/sys/bus/virtio/devices").glob("*"):
+        with contextlib.suppress(OSError):
+            if (device / "device").read_text().strip() == _BALLOON_DEVICE:
+                features = (device / "features").read_text().strip()
+                if len(features) > _F_REPORTING and features[_F_REPORTING] == "1":
+                    return True
+    return False
+
+
 def drop_caches() -> None:
-    """Empty the kernel's page cache (the server's files too), as after a reboot."""
+    """Empty the kernel's page cache (the server's files too), as after a reboot.
+
+    On a VM whose free memory goes back to the host (:func:`page_reporting`), the pages
+    freed here are still the guest's for 2 s: a read that starts at once lands partly
+    in them and partly in pages the host took back, and a cold 1 GB read goes at
+    0.55-0.95 or at 2.0-2.2 GB/s by the luck of it (``dd`` of the same file, ten drops in
+    a row, bench/README.md).  Waiting until the freed pages are reported puts every row,
+    of every system, in the slower case alike."""
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    if page_reporting():
+        time.sleep(REPORTING_SETTLE)
 
 
 def run_limit(setup: Setup, workload: str) -> float:
@@ -488,7 +519,7 @@ def run_obstore_limit(setup: Setup, workload: str) -> float:
     import obstore
 
     store, _ = obstore_store(setup, protocol(workload))
-    if workload in COLD:
+    if base(workload) in COLD:  # W2c@https too: the server's file cold for both systems
         drop_caches()
     start_meter(setup)
     began = time.perf_counter()
@@ -525,7 +556,7 @@ def run_fsspec(setup: Setup, workload: str) -> float:
     fs = fsspec.filesystem(
         "reference", fo={"version": 1, "refs": setup.refs}, skip_instance_cache=True
     )
-    if workload in COLD:
+    if base(workload) in COLD:
         drop_caches()
     began = time.perf_counter()
     if workload == "W1":

@@ -133,6 +133,15 @@ def protocol(row: str) -> str:
 
 #: Rows that start with the kernel's page cache dropped (the server's file included).
 COLD = ("W2c", "W3d", "W3z", DECODED)
+
+
+def cold(row: str) -> bool:
+    """Whether a row starts with the page cache dropped: over every protocol alike, for
+    the limit as for the mounts (``W2c@https`` read the server's file warm from the http
+    row until 2026-11-28, and its limit was the higher for it)."""
+    return base(row) in COLD
+
+
 #: Rows whose readers read W3d's distinct chunks (W3z: the same indices, zlib chunks).
 DISTINCT = ("W3d", "W3z", DECODED)
 TMPFS_ROOT = Path("/dev/shm")
@@ -427,12 +436,14 @@ REPORTING_SETTLE = 3.0
 #: The virtio device id of a memory balloon, and its feature bit of free page reporting.
 _BALLOON_DEVICE = "0x0005"
 _F_REPORTING = 5
+VIRTIO_DEVICES = Path("/sys/bus/virtio/devices")
 
 
-def page_reporting() -> bool:
+def page_reporting(devices: Path = VIRTIO_DEVICES) -> bool:
     """Whether this machine's free memory is reported to its host (a virtio balloon with
-    ``VIRTIO_BALLOON_F_REPORTING``)."""
-    for device in Path("/sys/bus/virtio/devices").glob("*"):
+    ``VIRTIO_BALLOON_F_REPORTING``; sysfs shows a device's features as a string of bits,
+    bit 0 first)."""
+    for device in devices.glob("*"):
         with contextlib.suppress(OSError):
             if (device / "device").read_text().strip() == _BALLOON_DEVICE:
                 features = (device / "features").read_text().strip()
@@ -459,7 +470,7 @@ def drop_caches() -> None:
 def run_limit(setup: Setup, workload: str) -> float:
     """fsspec's HTTP filesystem with refmount's parallelism (obstore for the cold
     workloads, and for every workload over another protocol); bytes are counted, dropped."""
-    if workload in COLD or protocol(workload) != "http":
+    if cold(workload) or protocol(workload) != "http":
         return run_obstore_limit(setup, workload)
     import fsspec
     import fsspec.asyn
@@ -519,7 +530,7 @@ def run_obstore_limit(setup: Setup, workload: str) -> float:
     import obstore
 
     store, _ = obstore_store(setup, protocol(workload))
-    if base(workload) in COLD:  # W2c@https too: the server's file cold for both systems
+    if cold(workload):
         drop_caches()
     start_meter(setup)
     began = time.perf_counter()
@@ -556,7 +567,7 @@ def run_fsspec(setup: Setup, workload: str) -> float:
     fs = fsspec.filesystem(
         "reference", fo={"version": 1, "refs": setup.refs}, skip_instance_cache=True
     )
-    if base(workload) in COLD:
+    if cold(workload):
         drop_caches()
     began = time.perf_counter()
     if workload == "W1":
@@ -796,7 +807,7 @@ def measure_fuse(
                     if extra:
                         wait_idle(pid)
                     for workload in group:
-                        if base(workload) in COLD:
+                        if cold(workload):
                             drop_caches()
                         cpu_before, own_before = tree_cpu_seconds(pid), own_cpu_seconds(pid)
                         start_meter(setup)

@@ -38,9 +38,10 @@ find ``find MNT -type f | wc -l``.  Issue 22's cold workloads start with the ker
 page cache dropped (``/proc/sys/vm/drop_caches``, as root; the server's files too):
 W2c is W2 so, W3d 16 ``cat`` processes over 2,000 distinct chunk files of the 4,000,
 each read once; over every protocol, for the limit as for the mounts; on a VM that
-reports its free memory to the host, 3 s after the drop (:func:`drop_caches`).  W3z is W3d over a Zarr v2 array of zlib chunks (``bench/zarr_chunks.py``:
-float32, 256 KiB decoded, 4,000 chunks back to back in ``zarr.bin``), read through the raw
-view (``refmount``: the compressed bytes) and the decoded view (``refmount --decode``: each
+reports its free memory to the host, 3 s after the drop (:func:`drop_caches`).  W3z is
+W3d over a Zarr v2 array of zlib chunks (``bench/zarr_chunks.py``: float32, 256 KiB
+decoded, 4,000 chunks back to back in ``zarr.bin``), read through the raw view
+(``refmount``: the compressed bytes) and the decoded view (``refmount --decode``: each
 file the 256 KiB decoded chunk), with issue 22's target decoded ≥ 0.7 x raw; both rates
 count decoded bytes (256 KiB per chunk file read), the compressed rate is printed beside.
 W1, W2, W2c, W3, W3d and each view of W3z get a fresh mount.  Output: a

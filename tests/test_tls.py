@@ -36,7 +36,7 @@ from tests.conftest import refmount_cli
 from tests.support.certificates import Certificates, make_certificates
 from tests.support.mounting import Mounted
 from tests.support.nginx import NginxServer
-from tests.support.rawserver import Answer, RawServer
+from tests.support.rawserver import Answer, RawServer, Reply, asked_range, partial
 from tests.support.servers import HOST, MotoServer
 from tests.test_http_client import DATA, ranged_answer
 
@@ -340,6 +340,44 @@ def test_a_wrong_tls_range_is_refused(tls_raw_server: Callable[..., TlsRawServer
     reader = fetcher(retries=0)
     with pytest.raises(FetchError, match="Content-Range 5-14 for the asked 0-9"):
         trio.run(reader.fetch, f"https://{HOST}:{server.port}/x.bin", 0, 10)
+    reader.close()
+
+
+def test_a_tls_answer_nobody_asked_for_never_answers_the_next_request(
+    tls_raw_server: Callable[..., TlsRawServer],
+) -> None:
+    """OpenSSL reads ahead on refmount's connections (:mod:`refmount.fetch.http.readahead`):
+    an answer the server sends right behind the asked one is read with the asked one's
+    TLS record into OpenSSL's buffer, where no poll of the socket sees it, and must keep
+    the connection from being used again all the same (without the check, the next
+    request gets this answer's bytes)."""
+    # The answer fills one TLS record (16 KiB, the largest) to the byte: OpenSSL reads
+    # that record's header with as much as its buffer holds, the next record too.
+    length = next(n for n in range(16_000, 16_384) if len(partial(0, n - 1, DATA)) == 16_384)
+    other = bytes(255 - b for b in DATA)
+
+    def answer(head: bytes) -> tuple[Reply, bool]:
+        first, last = asked_range(head)
+        right = partial(first, last, DATA)
+        if not head.startswith(b"GET /first.bin "):
+            return right, True
+        # What the next request will ask, with other bytes, in a record of its own
+        # sent with the answer's.
+        return right + partial(0, 9, other), True
+
+    server = tls_raw_server(answer)
+    reader = fetcher(retries=0)
+
+    async def main() -> None:
+        assert (
+            await reader.fetch(f"https://{HOST}:{server.port}/first.bin", 0, length)
+            == DATA[:length]
+        )
+        await trio.sleep(0.5)
+        assert await reader.fetch(f"https://{HOST}:{server.port}/second.bin", 0, 10) == DATA[:10]
+
+    trio.run(main)
+    assert server.connections == 2  # the first connection was closed, not used again
     reader.close()
 
 

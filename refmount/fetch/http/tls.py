@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 
+from refmount.fetch.http import readahead
 from refmount.fetch.trust import CertificateError, openssl_reason
 
 #: Bytes read without waiting before the task yields once to the loop anyway: a body
@@ -37,6 +38,9 @@ class TlsStream:
     def __init__(self, tls: ssl.SSLSocket) -> None:
         self._tls = tls
         self._unyielded = 0
+        #: The connection's ``SSL`` pointer when OpenSSL reads ahead on it (see
+        #: :mod:`.readahead`), else None.
+        self._ahead: int | None = None
 
     @classmethod
     async def open(cls, host: str, port: int, context: ssl.SSLContext) -> TlsStream:
@@ -57,6 +61,7 @@ class TlsStream:
         except BaseException:
             self.close()
             raise
+        self._ahead = readahead.enable(tls)
         return self
 
     async def send_all(self, data: bytes) -> None:
@@ -114,9 +119,12 @@ class TlsStream:
     def fileno(self) -> int:
         return self._tls.fileno()
 
-    def pending(self) -> int:
-        """Decrypted bytes OpenSSL holds that were not read yet."""
-        return self._tls.pending()
+    def pending(self) -> bool:
+        """Whether OpenSSL holds bytes that were not read yet: decrypted ones, or, when it
+        reads ahead, any it has taken from the socket."""
+        if self._tls.pending():
+            return True
+        return self._ahead is not None and readahead.has_pending(self._ahead)
 
     def close(self) -> None:
         """Close the socket; inside trio tell it first (a task may wait on it)."""

@@ -1,0 +1,87 @@
+"""OpenSSL's read-ahead on refmount's TLS connections, which Python's ``ssl`` does not expose.
+
+Without it OpenSSL reads every TLS record with two ``read()`` calls, its 5-byte header
+and then its body: a 256 KiB chunk is 32 system calls, and over https the daemon made
+140,000 ``read()`` calls a GB against 12,000 over http (``bench/README.md``).  With
+read-ahead OpenSSL reads what its buffer holds in one call, and the next record's header
+comes with the body before it.
+
+Read-ahead hides bytes from the socket: what OpenSSL has read but not yet decrypted is
+no longer in the kernel's buffer, where the connection's ``quiet`` check looks for bytes
+a server sent that nobody asked for.  :func:`has_pending` (``SSL_has_pending``) tells
+about them, and a connection with read-ahead is pooled only when it says none.
+
+The ``SSL`` and ``SSL_CTX`` pointers are read from CPython's ``_ssl`` objects (each the
+first field after the object's head and, for a connection, its socket), through the very
+libssl ``_ssl`` is linked with, and checked before anything is set: the context's options
+as OpenSSL reports them must be the ``SSLContext``'s, and the connection's context must
+be that one.  Where anything differs (another interpreter, another layout) read-ahead
+stays off and the connection works as without it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import ssl
+import sys
+
+log = logging.getLogger(__name__)
+
+#: ``SSL_ctrl`` commands (OpenSSL's ``ssl.h``).
+_SET_READ_AHEAD = 41
+_GET_READ_AHEAD = 40
+#: Where CPython keeps the pointers: after ``PyObject_HEAD`` (``SSL_CTX *ctx``), and after
+#: that and the weak reference to the socket (``SSL *ssl``).
+_HEAD = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
+_CTX_AT = _HEAD
+_SSL_AT = _HEAD + ctypes.sizeof(ctypes.c_void_p)
+
+
+@functools.cache
+def _libssl() -> ctypes.CDLL | None:
+    if sys.implementation.name != "cpython":
+        return None
+    try:
+        lib = ctypes.CDLL(ssl._ssl.__file__)  # type: ignore[attr-defined]
+        lib.SSL_CTX_get_options.argtypes = [ctypes.c_void_p]
+        lib.SSL_CTX_get_options.restype = ctypes.c_uint64
+        lib.SSL_get_SSL_CTX.argtypes = [ctypes.c_void_p]
+        lib.SSL_get_SSL_CTX.restype = ctypes.c_void_p
+        lib.SSL_ctrl.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_void_p]
+        lib.SSL_ctrl.restype = ctypes.c_long
+        lib.SSL_has_pending.argtypes = [ctypes.c_void_p]
+        lib.SSL_has_pending.restype = ctypes.c_int
+    except (OSError, AttributeError) as exc:
+        log.info("OpenSSL's read-ahead is not used: %s", exc)
+        return None
+    return lib
+
+
+def enable(tls: ssl.SSLSocket) -> int | None:
+    """Turn read-ahead on for ``tls``; its ``SSL`` pointer (for :func:`has_pending`), or
+    None when it could not be (then read-ahead is off)."""
+    lib = _libssl()
+    sslobj = getattr(tls, "_sslobj", None)
+    if lib is None or sslobj is None:
+        return None
+    context = tls.context
+    ctx = ctypes.c_void_p.from_address(id(context) + _CTX_AT).value
+    if not ctx or lib.SSL_CTX_get_options(ctx) != int(context.options):
+        return None
+    pointer = ctypes.c_void_p.from_address(id(sslobj) + _SSL_AT).value
+    if not pointer or lib.SSL_get_SSL_CTX(pointer) != ctx:
+        return None
+    lib.SSL_ctrl(pointer, _SET_READ_AHEAD, 1, None)
+    if lib.SSL_ctrl(pointer, _GET_READ_AHEAD, 0, None) != 1:
+        return None
+    return pointer
+
+
+def has_pending(pointer: int) -> bool:
+    """Whether OpenSSL holds bytes of the connection not yet read by the caller, decrypted
+    or not (``SSL_has_pending``)."""
+    lib = _libssl()
+    assert lib is not None  # a pointer comes from enable(), which needs it
+    return bool(lib.SSL_has_pending(pointer))

@@ -27,7 +27,7 @@ import trio
 
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher, FetchPolicy
-from refmount.fetch.http import HttpBackend
+from refmount.fetch.http import HttpBackend, readahead
 from refmount.fetch.http.s3 import s3_client
 from refmount.fetch.http.sigv4 import EMPTY_SHA256, Credentials, Signer, canonical_path
 from refmount.fetch.obstore_options import translate
@@ -341,6 +341,20 @@ def test_a_wrong_tls_range_is_refused(tls_raw_server: Callable[..., TlsRawServer
     with pytest.raises(FetchError, match="Content-Range 5-14 for the asked 0-9"):
         trio.run(reader.fetch, f"https://{HOST}:{server.port}/x.bin", 0, 10)
     reader.close()
+
+
+def test_read_ahead_is_turned_on_where_the_interpreter_is_cpython() -> None:
+    """The pointers :mod:`refmount.fetch.http.readahead` reads out of CPython's ``_ssl``
+    objects are checked against OpenSSL before use: on this interpreter they pass, so the
+    daemon's TLS connections read ahead (were the layout to change, enable() says None
+    and this fails, rather than read-ahead going quietly off)."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        context = ssl.create_default_context()
+        tls = context.wrap_socket(ours, server_hostname=HOST, do_handshake_on_connect=False)
+        pointer = readahead.enable(tls)
+        assert pointer is not None
+        assert not readahead.has_pending(pointer)
 
 
 def test_a_tls_answer_nobody_asked_for_never_answers_the_next_request(

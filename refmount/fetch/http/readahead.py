@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 _SET_READ_AHEAD = 41
 _GET_READ_AHEAD = 40
 #: Where CPython keeps the pointers: after ``PyObject_HEAD`` (``SSL_CTX *ctx``), and after
-#: that and the weak reference to the socket (``SSL *ssl``).
-_HEAD = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
+#: that and the weak reference to the socket (``SSL *ssl``).  The head's size is the
+#: running interpreter's (``object``'s own size: larger in a free-threaded build).
+_HEAD = object.__basicsize__
 _CTX_AT = _HEAD
 _SSL_AT = _HEAD + ctypes.sizeof(ctypes.c_void_p)
 

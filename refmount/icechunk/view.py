@@ -51,7 +51,7 @@ from refmount.icechunk.repository import Node, Repository, history
 from refmount.malloc import bulk_allocations
 from refmount.refs import release_freed_memory
 from refmount.refs.chunkgrid import GridError, chunk_counts
-from refmount.refs.model import Child, Ref, RefSet
+from refmount.refs.model import Checksum, Child, Ref, RefSet
 
 log = logging.getLogger(__name__)
 
@@ -289,17 +289,18 @@ class IcechunkRefSet(RefSet):
         if kind == INLINE:
             return Ref(data=chunks.inline_bytes(row))
         key = f"{array.node.path}/{array.keys.name(index)}"
-        refusal = _refusal(chunks, row)
+        offset, length = int(chunks.offsets[row]), int(chunks.lengths[row])
+        checksum = None if kind == NATIVE else chunks.checksum_of(row)
+        refusal = _refusal(offset, length, checksum)
         if refusal is not None:
             raise FetchError(f"{key}: {refusal}: refused")
-        offset, length = int(chunks.offsets[row]), int(chunks.lengths[row])
         if kind == NATIVE:
             return Ref(url=self.location.chunk_url(chunks.path(row)), offset=offset, length=length)
         return Ref(
             url=self.containers.target(chunks.path(row), key),
             offset=offset,
             length=length,
-            checksum=chunks.checksum_of(row),
+            checksum=checksum,
         )
 
     def file_size(self, file_id: int) -> int | None:
@@ -318,8 +319,11 @@ class IcechunkRefSet(RefSet):
         if row is None:
             return None
         size = chunks.size(row)
-        if size == 0 and int(chunks.kinds[row]) != INLINE and _refusal(chunks, row):
-            return 1
+        kind = int(chunks.kinds[row])
+        if size == 0 and kind != INLINE:
+            checksum = None if kind == NATIVE else chunks.checksum_of(row)
+            if _refusal(int(chunks.offsets[row]), size, checksum) is not None:
+                return 1
         return size
 
     # --- directories -----------------------------------------------------------------
@@ -497,16 +501,14 @@ def _extents_grid(node: Node, rank: int, problem: GridError) -> tuple[int, ...] 
     return tuple(grid)
 
 
-def _refusal(chunks: ArrayIndex, row: int) -> str | None:
+def _refusal(offset: int, length: int, checksum: Checksum | None) -> str | None:
     """Why a manifest's reference to stored bytes (not inline) is not fetched, if it is
     not: bounds no chunk can have, or a checksum ETag no header may carry."""
-    offset, length = int(chunks.offsets[row]), int(chunks.lengths[row])
     if length > MAX_CHUNK_BYTES or offset > (1 << 62):
         return (
             f"the manifest claims {length} bytes at offset {offset}, over the bound of "
             f"{MAX_CHUNK_BYTES} bytes per chunk"
         )
-    checksum = chunks.checksum_of(row) if int(chunks.kinds[row]) != NATIVE else None
     if checksum is not None and checksum.etag is not None:
         problem = header_text.value_problem(checksum.etag)
         if problem is not None:

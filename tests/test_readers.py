@@ -248,8 +248,8 @@ def virtualizarr_nc3(src: Sources, tmp: Path, s3: MotoServer, transport: str, fm
     path, json_path = virtual_refs(vds, tmp, fmt)
     raw = netcdf_arrays(src.nc3)
     # VirtualiZarr writes "fill_value": 0 for an integer variable that has no _FillValue
-    # (kerchunk writes null), so xarray masks its stored zeros: docs/sources.md, "Reference sets made
-    # by VirtualiZarr".  fsspec reads the same set the same way (the sha256 test).
+    # (kerchunk writes null), so xarray masks its stored zeros: docs/sources.md, "Reference
+    # sets made by VirtualiZarr".  fsspec reads the same set the same way (the sha256 test).
     assert (
         json.loads(ref_map(json.loads(json_path.read_text()))["packed/.zarray"])["fill_value"] == 0
     )

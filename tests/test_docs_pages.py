@@ -58,6 +58,16 @@ def test_every_option_is_documented_and_every_documented_option_exists(command: 
     assert in_docs - in_code == set(), f"{command}: documented, but not an option"
 
 
+def test_the_readme_is_a_front_page_with_its_two_commands_first() -> None:
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    first_block = text.split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
+    assert [line.split()[:2] for line in first_block] == [
+        ["bash", "examples/quickstart.sh"],
+        ["bash", ".ci/test"],
+    ]
+
+
 def test_documented_options_are_read_from_the_tables() -> None:
     table = "| `--a N`, `-b` | x `--not-this` |\n| option | `--nor-this` |\n"
     assert documented_options(table) == {"--a", "-b"}

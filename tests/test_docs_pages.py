@@ -93,9 +93,21 @@ def test_messages_are_read_with_their_values_named(tmp_path: Path) -> None:
         "raise RefsError(f'{path}: not JSON ({exc})')\n"
         "raise RefsError(message)\n"
         "raise FetchError(f'{url}')\n"
+        "HINT = 'pip install it'\n"
+        "def load(x):\n"
+        "    message = f'{x} needs it: {HINT}'\n"
+        "    raise RefsError(message)\n"
+        "class CertificateError(Exception):\n"
+        "    def __init__(self, host):\n"
+        "        super().__init__(f'{host}: TLS failed')\n"
     )
     found = {m.text for m in messages.messages_in(source, section="refs")}
-    assert found == {"key <key>: <size> bytes", "<path>: not JSON (<exc>)"}
+    assert found == {
+        "key <key>: <size> bytes",
+        "<path>: not JSON (<exc>)",
+        "<x> needs it: pip install it",
+        "<host>: TLS failed",
+    }
 
 
 def anchors(page: Path) -> set[str]:

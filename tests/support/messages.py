@@ -79,21 +79,26 @@ def _name(node: ast.expr) -> str:
         return "value"
 
 
-def _text(node: ast.expr) -> str | None:
+def _text(node: ast.expr, known: dict[str, str]) -> str | None:
     """The literal text of a message expression, fields as ``<name>``; None when it is
-    not built from literals (a variable, a call)."""
+    not built from literals.  ``known``: the texts of names assigned a literal text in the
+    module or the function (``message = f"..."; raise RefsError(message)``)."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
+    if isinstance(node, ast.Name):
+        return known.get(node.id)
     if isinstance(node, ast.JoinedStr):
         parts = []
         for value in node.values:
             if isinstance(value, ast.Constant):
                 parts.append(str(value.value))
             elif isinstance(value, ast.FormattedValue):
-                parts.append(f"<{_name(value.value)}>")
+                inner = value.value
+                literal = known.get(inner.id) if isinstance(inner, ast.Name) else None
+                parts.append(literal if literal is not None else f"<{_name(inner)}>")
         return "".join(parts)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _text(node.left), _text(node.right)
+        left, right = _text(node.left, known), _text(node.right, known)
         if left is None and right is None:
             return None
         return (left if left is not None else f"<{_name(node.left)}>") + (
@@ -102,8 +107,8 @@ def _text(node: ast.expr) -> str | None:
     return None
 
 
-def _log_text(call: ast.Call) -> str | None:
-    text = _text(call.args[0])
+def _log_text(call: ast.Call, known: dict[str, str]) -> str | None:
+    text = _text(call.args[0], known)
     if text is None:
         return None
     names = iter(_name(arg) for arg in call.args[1:])
@@ -136,29 +141,70 @@ def _call_name(node: ast.Call) -> str:
     return ""
 
 
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of a scope's body, without those of the scopes nested in it."""
+    found, todo = [], list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        if not isinstance(node, _SCOPES):
+            todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _assigned_texts(nodes: list[ast.AST], known: dict[str, str]) -> dict[str, str]:
+    texts = dict(known)
+    for node in nodes:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            text = _text(node.value, texts) if isinstance(target, ast.Name) else None
+            if text is not None:
+                texts[target.id] = text
+    return texts
+
+
+def _message(call: ast.Call, known: dict[str, str], place: str, cls: str) -> Message | None:
+    name = _call_name(call)
+    func = call.func
+    owner = ast.unparse(func.value).lower() if isinstance(func, ast.Attribute) else ""
+    if name in LOG_LEVELS and "log" in owner:
+        text, where = _log_text(call, known), place
+    elif name == "error" and "parser" in owner:
+        text, where = _text(call.args[0], known), "usage"
+    elif name in USER_ERRORS:
+        text = _text(call.args[0], known)
+        where = place if name in ("FetchError", "RefsError") else USER_ERRORS[name]
+    elif name == "__init__" and owner == "super()" and cls in USER_ERRORS:
+        text, where = _text(call.args[0], known), USER_ERRORS[cls]
+    else:
+        return None
+    if text is None or not _WORD.search(re.sub(r"<[^>]*>", "", text)):
+        return None
+    return Message(where, " ".join(text.split()))
+
+
 def messages_in(path: Path, section: str | None = None) -> set[Message]:
     """The messages of one source file; ``section``: where they are listed (default: by
     the file's place in the package)."""
     found: set[Message] = set()
     place = section or _section_of(path)
-    tree = ast.parse(path.read_text(), str(path))
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call) or not node.args:
-            continue
-        name = _call_name(node)
-        func = node.func
-        owner = ast.unparse(func.value).lower() if isinstance(func, ast.Attribute) else ""
-        if name in LOG_LEVELS and "log" in owner:
-            text, where = _log_text(node), place
-        elif name == "error" and "parser" in owner:
-            text, where = _text(node.args[0]), "usage"
-        elif name in USER_ERRORS:
-            text = _text(node.args[0])
-            where = place if name in ("FetchError", "RefsError") else USER_ERRORS[name]
-        else:
-            continue
-        if text is not None and _WORD.search(re.sub(r"<[^>]*>", "", text)):
-            found.add(Message(section or where, " ".join(text.split())))
+    module = ast.parse(path.read_text(), str(path))
+    constants = _assigned_texts(list(ast.iter_child_nodes(module)), {})
+    todo: list[tuple[ast.AST, str]] = [(module, "")]
+    while todo:
+        scope, cls = todo.pop()
+        nodes = _own_nodes(scope)
+        known = _assigned_texts(nodes, constants)
+        for node in nodes:
+            if isinstance(node, _SCOPES):
+                todo.append((node, node.name if isinstance(node, ast.ClassDef) else cls))
+            elif isinstance(node, ast.Call) and node.args:
+                message = _message(node, known, place, cls)
+                if message is not None:
+                    found.add(Message(section or message.section, message.text))
     return found
 
 

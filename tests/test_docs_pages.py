@@ -86,6 +86,18 @@ def test_every_message_of_the_code_is_listed() -> None:
     assert listed == expected
 
 
+def test_the_common_messages_are_messages_of_the_code() -> None:
+    page = (DOCS / "troubleshooting.md").read_text()
+    common = page.split("## Common messages", 1)[1].split("\n## ", 1)[0]
+    quoted = [
+        line.split(" | ")[0].removeprefix("| ").strip("`")
+        for line in common.splitlines()
+        if line.startswith("| `")
+    ]
+    assert len(quoted) >= 10
+    assert set(quoted) - {m.text for m in messages.all_messages()} == set()
+
+
 def test_messages_are_read_with_their_values_named(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
     source.write_text(

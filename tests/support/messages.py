@@ -1,6 +1,6 @@
 """The error and warning messages refmount's code can show a user, read from its source.
 
-docs/troubleshooting.md lists them between two markers; ``tests/test_docs_messages.py``
+docs/troubleshooting.md lists them between two markers; ``tests/test_docs_pages.py``
 fails when that list and the code disagree.  ``python -m tests.support.messages`` prints
 the list to paste there (``--write`` replaces it in place).
 

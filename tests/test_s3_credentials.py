@@ -217,3 +217,22 @@ def test_check_says_where_the_credentials_come_from(
     assert issued  # the process ran, and none of what it gave is printed
     for key, secret in issued.items():
         assert key not in done.stdout and secret not in done.stdout
+
+
+def test_a_credential_process_that_hangs_fails_at_the_deadline_one_at_a_time(
+    gate: SigV4Gate, aws_env: Path, tmp_path: Path, mount: Callable[..., Mounted]
+) -> None:
+    runs, script = tmp_path / "runs", tmp_path / "credentials.sh"
+    script.write_text(f"echo run >> {runs}\nexec sleep 60\n")
+    process_profile(aws_env, "stuck", f"sh {script}")
+    mounted = mount(refs_file(tmp_path), *mount_args(gate, profile="stuck"), "--timeout", "2")
+    for i in range(4):
+        with pytest.raises(OSError) as failed:
+            read_chunk(mounted.mountpoint, i)
+        assert failed.value.errno == errno.EIO
+    assert mounted.process.poll() is None and (mounted.mountpoint / "c").is_dir()
+    assert len(runs.read_text().splitlines()) == 1  # no second beside the one that hangs
+    log = mounted.log()
+    # Which provider hangs, botocore does not say before it answers: the profile is named.
+    stuck = "credentials from botocore's credential chain (AWS profile 'stuck')"
+    assert f"{stuck}: no answer within 2 s" in log

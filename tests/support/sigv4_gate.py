@@ -3,7 +3,8 @@
 moto's keys never expire.  The gate issues temporary credentials of its own
 (``/_credentials/process?ttl=N`` in ``credential_process``'s JSON,
 ``/_credentials/container?ttl=N`` as a container credentials endpoint answers,
-``AWS_CONTAINER_CREDENTIALS_FULL_URI``), and passes a GET on to moto (signed again with
+``AWS_CONTAINER_CREDENTIALS_FULL_URI``; STS's ``AssumeRoleWithWebIdentity`` as a POST
+to ``/``, ``AWS_ENDPOINT_URL_STS``), and passes a GET on to moto (signed again with
 moto's own key) only when its signature is right (recomputed with botocore's own
 signer), its key is one it issued, its ``x-amz-security-token`` that key's, and the key
 has not expired: otherwise it answers as S3 does (400 ``ExpiredToken``, 403
@@ -30,6 +31,14 @@ _AUTHORIZATION = re.compile(
     r"AWS4-HMAC-SHA256 Credential=(?P<key>[^/]+)/(?P<scope>[^,]+), "
     r"SignedHeaders=(?P<signed>[^,]+), Signature=(?P<signature>[0-9a-f]{64})"
 )
+_STS_ANSWER = """<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
+<AssumeRoleWithWebIdentityResult><Credentials><AccessKeyId>{key}</AccessKeyId>
+<SecretAccessKey>{secret}</SecretAccessKey><SessionToken>{token}</SessionToken>
+<Expiration>{expires}</Expiration></Credentials>
+<AssumedRoleUser><Arn>arn:aws:sts::123456789012:assumed-role/reader/refmount</Arn>
+<AssumedRoleId>AROAREADER:refmount</AssumedRoleId></AssumedRoleUser>
+</AssumeRoleWithWebIdentityResult><ResponseMetadata><RequestId>1</RequestId>
+</ResponseMetadata></AssumeRoleWithWebIdentityResponse>"""
 _PASSED_HEADERS = ("Content-Type", "Content-Range", "ETag", "Last-Modified", "Accept-Ranges")
 
 
@@ -44,6 +53,8 @@ class SigV4Gate:
         self.agents: Counter[str] = Counter()
         self.signed_by: Counter[str] = Counter()
         self.issued = 0
+        #: the token STS's AssumeRoleWithWebIdentity takes
+        self.web_identity = secrets.token_urlsafe(40)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((HOST, 0), _handler(self))
         self._server.daemon_threads = True
@@ -146,6 +157,23 @@ def _handler(gate: SigV4Gate) -> type[BaseHTTPRequestHandler]:
 
         def do_HEAD(self) -> None:
             self._s3()
+
+        def do_POST(self) -> None:
+            """STS's AssumeRoleWithWebIdentity (``AWS_ENDPOINT_URL_STS``): credentials
+            for the web identity token :attr:`SigV4Gate.web_identity` expects."""
+            length = int(self.headers.get("Content-Length", "0"))
+            form = parse_qs(self.rfile.read(length).decode())
+            if form.get("Action") != ["AssumeRoleWithWebIdentity"] or form.get(
+                "WebIdentityToken"
+            ) != [gate.web_identity]:
+                with gate._lock:
+                    gate.refused["AssumeRoleWithWebIdentity"] += 1
+                self._answer(403, b"<ErrorResponse/>", {"Content-Type": "text/xml"})
+                return
+            key, secret, token, expires = gate.issue(3600)
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
+            body = _STS_ANSWER.format(key=key, secret=secret, token=token, expires=stamp)
+            self._answer(200, body.encode(), {"Content-Type": "text/xml"})
 
         def _s3(self) -> None:
             refused = gate.refusal(self.command, self.path, self.headers)

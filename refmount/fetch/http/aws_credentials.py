@@ -112,7 +112,6 @@ class CredentialChain:
         self._renewing: trio.Event | None = None
         self._thread_busy = False  # a lookup's thread still runs (abandoned at its deadline)
         self._backoff = Backoff(BACKOFF_FIRST, BACKOFF_MOST)
-        self.renewals = 0
 
     @property
     def source(self) -> str:
@@ -120,7 +119,7 @@ class CredentialChain:
 
     async def signer(self) -> Signer | None:
         """A signer with credentials valid for a while yet, or None where the chain
-        found none (the caller reads unsigned through its fallback).  Raises FetchError
+        found none (the caller reads through its fallback, as before).  Raises FetchError
         (EIO) naming the source when none can be had."""
         found = self._found
         if found is not None and time.time() < found.renew_at:
@@ -212,9 +211,8 @@ class CredentialChain:
                 f", renewed before they expire ({_utc(expires)})" if expires else "",
             )  # fmt: skip
         else:
-            self.renewals += 1
             log.debug("s3: credentials from %s renewed; they expire at %s", self.source,
-                      _utc(expires) if expires else "never")  # fmt: skip
+                      _utc(expires))  # fmt: skip
         if expires is not None and now >= self._found.usable_until:
             self._failed(f"the credentials given expire at {_utc(expires)}, too soon to use")
 

@@ -224,6 +224,23 @@ def test_web_identity_credentials_from_sts(
     assert "s3: credentials from web identity (AWS_WEB_IDENTITY_TOKEN_FILE)" in log
 
 
+def test_instance_role_credentials_from_the_metadata_service(
+    gate: SigV4Gate, aws_env: Path, tmp_path: Path, mount: Callable[..., Mounted],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", f"{gate.endpoint}/")
+    issued, agents = gate.issued, Counter(gate.agents)
+    mounted = mount(refs_file(tmp_path), *mount_args(gate))
+    for i in range(0, CHUNKS, 5):
+        assert read_chunk(mounted.mountpoint, i) == DATA[i * CHUNK : (i + 1) * CHUNK]
+    assert gate.issued > issued
+    assert set(gate.agents - agents) == {"refmount"}
+    log = mounted.log()
+    assert OWN_CLIENT in log
+    assert "s3: credentials from the instance metadata service (IMDS)" in log
+
+
 def test_check_says_where_the_credentials_come_from(
     gate: SigV4Gate, aws_env: Path, tmp_path: Path
 ) -> None:

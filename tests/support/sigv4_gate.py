@@ -4,7 +4,8 @@ moto's keys never expire.  The gate issues temporary credentials of its own
 (``/_credentials/process?ttl=N`` in ``credential_process``'s JSON,
 ``/_credentials/container?ttl=N`` as a container credentials endpoint answers,
 ``AWS_CONTAINER_CREDENTIALS_FULL_URI``; STS's ``AssumeRoleWithWebIdentity`` as a POST
-to ``/``, ``AWS_ENDPOINT_URL_STS``), and passes a GET on to moto (signed again with
+to ``/``, ``AWS_ENDPOINT_URL_STS``; an instance role's as IMDSv2 gives them,
+``AWS_EC2_METADATA_SERVICE_ENDPOINT``), and passes a GET on to moto (signed again with
 moto's own key) only when its signature is right (recomputed with botocore's own
 signer), its key is one it issued, its ``x-amz-security-token`` that key's, and the key
 has not expired: otherwise it answers as S3 does (400 ``ExpiredToken``, 403
@@ -31,6 +32,7 @@ _AUTHORIZATION = re.compile(
     r"AWS4-HMAC-SHA256 Credential=(?P<key>[^/]+)/(?P<scope>[^,]+), "
     r"SignedHeaders=(?P<signed>[^,]+), Signature=(?P<signature>[0-9a-f]{64})"
 )
+_IMDS_ROLES = "/latest/meta-data/iam/security-credentials/"
 _STS_ANSWER = """<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
 <AssumeRoleWithWebIdentityResult><Credentials><AccessKeyId>{key}</AccessKeyId>
 <SecretAccessKey>{secret}</SecretAccessKey><SessionToken>{token}</SessionToken>
@@ -55,6 +57,7 @@ class SigV4Gate:
         self.issued = 0
         #: the token STS's AssumeRoleWithWebIdentity takes
         self.web_identity = secrets.token_urlsafe(40)
+        self.imds_token = secrets.token_urlsafe(20)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((HOST, 0), _handler(self))
         self._server.daemon_threads = True
@@ -153,7 +156,31 @@ def _handler(gate: SigV4Gate) -> type[BaseHTTPRequestHandler]:
                 ttl = float(parse_qs(parts.query).get("ttl", ["3600"])[0])
                 self._credentials(parts.path.rsplit("/", 1)[1], ttl)
                 return
+            if parts.path.startswith(_IMDS_ROLES):
+                self._instance_metadata(parts.path.removeprefix(_IMDS_ROLES))
+                return
             self._s3()
+
+        def do_PUT(self) -> None:
+            """IMDSv2's session token (``AWS_EC2_METADATA_SERVICE_ENDPOINT``)."""
+            if self.path != "/latest/api/token":
+                self._answer(404, b"", {})
+                return
+            self._answer(200, gate.imds_token.encode(), {"Content-Type": "text/plain"})
+
+        def _instance_metadata(self, role: str) -> None:
+            """An instance role's credentials, to a request with IMDSv2's token."""
+            if self.headers.get("X-aws-ec2-metadata-token") != gate.imds_token:
+                self._answer(401, b"", {})
+                return
+            if not role:
+                self._answer(200, b"reader", {"Content-Type": "text/plain"})
+                return
+            key, secret, token, expires = gate.issue(3600)
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
+            answer = {"Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": key,
+                      "SecretAccessKey": secret, "Token": token, "Expiration": stamp}  # fmt: skip
+            self._answer(200, json.dumps(answer).encode(), {"Content-Type": "text/plain"})
 
         def do_HEAD(self) -> None:
             self._s3()

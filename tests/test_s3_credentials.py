@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Mounted
-from tests.support.mounting import REFMOUNT, child_env
+from tests.support.mounting import FETCH_WORKERS_ENV, REFMOUNT, child_env
 from tests.support.servers import S3_REGION, MotoServer
 from tests.support.sigv4_gate import SigV4Gate
 
@@ -28,6 +28,12 @@ CHUNK = 64 * 1024
 CHUNKS = 64
 BUCKET = "daac-protected"
 DATA = os.urandom(CHUNK * CHUNKS)
+#: Fetch worker processes (``REFMOUNT_TEST_FETCH_WORKERS``) log warnings only: the INFO
+#: lines saying which client reads and where its credentials come from are then not
+#: there (the gate's count of who asked says it all the same).
+INFO_LOGGED = not os.environ.get(FETCH_WORKERS_ENV)
+#: Processes that look credentials up, each its own: the daemon, or its fetch workers.
+LOOKING_UP = int(os.environ.get(FETCH_WORKERS_ENV) or 0) or 1
 OWN_CLIENT = "byte ranges through refmount's HTTP client (S3, SigV4)"
 
 
@@ -147,9 +153,10 @@ def test_credential_process_keys_expiring_every_few_seconds_while_8_readers_read
     assert sum(gate.refused.values()) == before_refused  # no expired key ever reached it
     assert set(gate.agents - agents) == {"refmount"}  # refmount's client, never botocore's
     log = mounted.log()
-    assert OWN_CLIENT in log
-    assert "s3: credentials from credential_process (AWS profile 'daac')" in log
-    assert "obstore has no equivalent for credentials from the AWS profile 'daac'" in log
+    if INFO_LOGGED:
+        assert OWN_CLIENT in log
+        assert "s3: credentials from credential_process (AWS profile 'daac')" in log
+        assert "obstore has no equivalent for credentials from the AWS profile 'daac'" in log
 
 
 def test_a_failing_credential_process_is_eio_naming_it_and_not_run_per_read(
@@ -169,12 +176,13 @@ def test_a_failing_credential_process_is_eio_naming_it_and_not_run_per_read(
     assert set(errors) == {errno.EIO}
     assert mounted.process.poll() is None and (mounted.mountpoint / "c").is_dir()
     count = len(runs.read_text().splitlines())
-    assert 1 <= count <= 6, count  # once per back-off (1 s, doubling), not per read
+    assert 1 <= count <= 6 * LOOKING_UP, count  # once per back-off (1 s, doubling), not per read
     log = mounted.log()
     assert "S3 credentials from credential_process (AWS profile 'broken')" in log
     assert "token service down" in log
     # Fixed, it is found again after the back-off, without a remount.
     script.write_text(f"exec {fetching_command(gate, ttl=3600)}\n")
+    agents = Counter(gate.agents)
     deadline = time.monotonic() + 120
     while True:
         try:
@@ -183,7 +191,9 @@ def test_a_failing_credential_process_is_eio_naming_it_and_not_run_per_read(
         except OSError as exc:
             assert exc.errno == errno.EIO and time.monotonic() < deadline
             time.sleep(0.5)
-    assert OWN_CLIENT in mounted.log()
+    assert set(gate.agents - agents) == {"refmount"}
+    if INFO_LOGGED:
+        assert OWN_CLIENT in mounted.log()
 
 
 def test_container_credentials_from_a_local_endpoint(
@@ -199,8 +209,9 @@ def test_container_credentials_from_a_local_endpoint(
     assert gate.agents["refmount"] > agents["refmount"]  # the gate passed the reads' GETs
     assert set(gate.agents - agents) == {"refmount"}
     log = mounted.log()
-    assert OWN_CLIENT in log
-    assert "s3: credentials from the container credentials endpoint" in log
+    if INFO_LOGGED:
+        assert OWN_CLIENT in log
+        assert "s3: credentials from the container credentials endpoint" in log
 
 
 def test_web_identity_credentials_from_sts(
@@ -220,8 +231,9 @@ def test_web_identity_credentials_from_sts(
     assert gate.issued > issued and gate.refused["AssumeRoleWithWebIdentity"] == 0
     assert set(gate.agents - agents) == {"refmount"}
     log = mounted.log()
-    assert OWN_CLIENT in log
-    assert "s3: credentials from web identity (AWS_WEB_IDENTITY_TOKEN_FILE)" in log
+    if INFO_LOGGED:
+        assert OWN_CLIENT in log
+        assert "s3: credentials from web identity (AWS_WEB_IDENTITY_TOKEN_FILE)" in log
 
 
 def test_instance_role_credentials_from_the_metadata_service(
@@ -237,8 +249,9 @@ def test_instance_role_credentials_from_the_metadata_service(
     assert gate.issued > issued
     assert set(gate.agents - agents) == {"refmount"}
     log = mounted.log()
-    assert OWN_CLIENT in log
-    assert "s3: credentials from the instance metadata service (IMDS)" in log
+    if INFO_LOGGED:
+        assert OWN_CLIENT in log
+        assert "s3: credentials from the instance metadata service (IMDS)" in log
 
 
 def test_check_says_where_the_credentials_come_from(
@@ -271,7 +284,8 @@ def test_a_credential_process_that_hangs_fails_at_the_deadline_one_at_a_time(
             read_chunk(mounted.mountpoint, i)
         assert failed.value.errno == errno.EIO
     assert mounted.process.poll() is None and (mounted.mountpoint / "c").is_dir()
-    assert len(runs.read_text().splitlines()) == 1  # no second beside the one that hangs
+    # No second lookup beside the one that hangs.
+    assert 1 <= len(runs.read_text().splitlines()) <= LOOKING_UP
     log = mounted.log()
     # Which provider hangs, botocore does not say before it answers: the profile is named.
     stuck = "credentials from botocore's credential chain (AWS profile 'stuck')"

@@ -227,3 +227,18 @@ def test_which_zarr_fill_values_stand_for_a_fill_value() -> None:
     assert fill(None) is None and fill(0) is None and fill(0.0, "<f8") is None
     assert fill(-2147483647, "<i4", scalar=True) is None  # kerchunk's scalars: HDF5's fill
     assert fill(-1, "<i4", scalar=True) == -1
+
+
+def test_a_char_array_dumps_as_the_original(packed: Served) -> None:
+    """``char station_name(station, name_strlen)``: one string per station, not a
+    character per element along an added dimension."""
+
+    def dumped(path: Path) -> str:
+        done = subprocess.run(
+            ["ncdump", "-v", "station_name", str(path)], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split("data:", 1)[1]
+
+    assert dumped(packed.nc) == dumped(packed.original)
+    assert '"Zurich",' in dumped(packed.nc)

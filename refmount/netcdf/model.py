@@ -6,13 +6,14 @@ from ``_ARRAY_DIMENSIONS`` (a Zarr v3 array's ``dimension_names`` are presented 
 the decoded view); an array without names gets ``<array>_dim<i>``; a name met again with
 another length is a new dimension ``<name>_<length>`` (logged).  A rank-0 array is a
 scalar variable.  ``|S<n>`` arrays take a last dimension ``strlen<n>``, and those
-holding text (``<U<n>``, ``vlen-utf8``) ``_Encoding = "utf-8"``.  Attributes are
-the decoded view's ``.zattrs`` (CF time units of datetimes included) without
-``_ARRAY_DIMENSIONS``; ``_FillValue`` in the variable's type (left out, logged, when the
-value is not one).  The values start :data:`HEADER_BLOCKS` blocks into the file, past
-what reading the header brings in.  What the decoded view leaves out, and arrays whose type netCDF
-classic has no place for, are left out of the file, logged and listed by
-``refmount check --netcdf``.
+holding text (``<U<n>``, ``vlen-utf8``) ``_Encoding = "utf-8"``; an ``|S1`` array is a
+char array already (a netCDF file's ``char name(station, strlen)`` as kerchunk and
+VirtualiZarr reference it), served as it is.  Attributes are the decoded view's
+``.zattrs`` (CF time units of datetimes included) without ``_ARRAY_DIMENSIONS``, in the
+types CF gives them (:mod:`refmount.netcdf.attributes`).  The values start
+:data:`HEADER_BLOCKS` blocks into the file, past what reading the header brings in.
+What the decoded view leaves out, and arrays whose type netCDF classic has no place
+for, are left out of the file, logged and listed by ``refmount check --netcdf``.
 """
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ class _Builder:
             for i, (n, length) in enumerate(zip(names, shape, strict=True))
         ]
         file_shape = shape
-        if kind.width is not None:
+        if kind.width is not None and not (kind.width == 1 and shape):
             dimids.append(self._dimension(f"strlen{kind.width}", kind.width, path))
             file_shape = (*shape, kind.width)
         fill = zarr_fill(meta, scalar=array.scalar, kind=kind) if self.zarr_fills else None

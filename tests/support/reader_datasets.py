@@ -14,7 +14,7 @@ people write them with, and what the netCDF library reads back from them.
   (unpacked to float), a quarter of it ``_FillValue`` -32767 (netCDF's default for
   short, given explicitly) and ``valid_range`` in shorts; ``sst`` float with a
   ``missing_value`` and float ``valid_min``/``valid_max``; ``flags`` ubyte with 255 as
-  its fill.
+  its fill; ``station_name`` a char array ``(station, name_strlen)``.
 * ``plugins.h5`` (HDF5 written by h5py with hdf5plugin's filters): ``lz4`` with blosc-lz4
   (byte shuffle), ``zstd`` with zstd.  Values compressible enough that HDF5 keeps every
   chunk filtered (it stores a chunk raw, flagged, when an optional filter does not shrink
@@ -191,6 +191,12 @@ def write_packed_netcdf4(path: Path, seed: int = 44) -> Path:
         flags.valid_range = np.array([0, 254], "u1")
         flags[:] = rng.integers(0, 255, (ny, nx), dtype="u1")
         flags[0, :7] = np.ma.masked
+        ds.createDimension("station", 3)
+        ds.createDimension("name_strlen", 7)
+        name = ds.createVariable("station_name", "S1", ("station", "name_strlen"))
+        name.long_name = "station name"
+        name.cf_role = "timeseries_id"
+        name[:] = netCDF4.stringtochar(np.array(["Zurich", "Bern", "As"], "S7"))
     return path
 
 

@@ -45,7 +45,7 @@ from refmount.netcdf.header import (
     fits,
     lay_out,
 )
-from refmount.netcdf.options import SUFFIX
+from refmount.netcdf.names import file_keys
 from refmount.netcdf.types import FileType, TypeRefused, attribute, file_type
 from refmount.refs.model import BLOCK_SIZE
 
@@ -126,10 +126,12 @@ class NcFile:
 
 @dataclass
 class Files:
-    """Every file of a view, and what was left out of them (array path -> why)."""
+    """Every file of a view, and what was left out of them (array path -> why; group
+    path -> why, :mod:`refmount.netcdf.names`)."""
 
     files: list[NcFile]
     left_out: dict[str, str] = field(default_factory=dict)
+    left_out_groups: dict[str, str] = field(default_factory=dict)
 
 
 async def groups(view: DecodedRefSet) -> tuple[dict[str, list[str]], dict[str, str]]:
@@ -158,11 +160,6 @@ async def groups(view: DecodedRefSet) -> tuple[dict[str, list[str]], dict[str, s
     return found, left_out
 
 
-def file_key(name: str, group: str) -> str:
-    """The file of a group: ``<name>.nc`` for the root, ``<name>.<a>.<b>.nc`` for ``a/b``."""
-    return f"{name}.{group.replace('/', '.')}{SUFFIX}" if group else f"{name}{SUFFIX}"
-
-
 async def build(view: DecodedRefSet, name: str, choice: str) -> Files:
     """The files of ``view`` (``name`` the root file's name, ``choice`` the format); the
     root group's is always the first (:data:`refmount.netcdf.options.ROOT_FILE_ID`)."""
@@ -179,8 +176,11 @@ async def build(view: DecodedRefSet, name: str, choice: str) -> Files:
             documents.append((path, array, await _document(view, path)))
         described[group] = (await _document(view, group), documents)
     fills = zarr_fills_mean_fill_values(view, described.values())
+    keys, files.left_out_groups = file_keys(name, list(described))
     for group, (global_attributes, arrays) in described.items():
-        made, refused = _file(file_key(name, group), global_attributes, arrays, choice, fills)
+        if group not in keys:
+            continue
+        made, refused = _file(keys[group], global_attributes, arrays, choice, fills)
         files.files.append(made)
         files.left_out.update(refused)
     return files
@@ -364,4 +364,4 @@ def _absent_fill(zarr_fill: Any, attribute_fill: Any, kind: FileType) -> bytes:
     return bytes(served.itemsize)
 
 
-__all__ = ["Files", "NcFile", "Source", "build", "file_key", "groups"]
+__all__ = ["Files", "NcFile", "Source", "build", "groups"]

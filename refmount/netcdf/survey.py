@@ -1,5 +1,5 @@
 """What the netCDF view makes of a set, for ``refmount check --netcdf``: its files (name,
-format, variables) and the arrays left out of them, each with why."""
+format, variables) and the arrays and groups left out of them, each with why."""
 
 from __future__ import annotations
 
@@ -31,6 +31,10 @@ async def survey(raw: RefSet, name: str, choice: str) -> dict[str, Any]:
             for made in files.files
         ],
         "strings": strings,
-        "left_out": {p: why for p, why in sorted(files.left_out.items()) if p not in strings},
+        "left_out": {
+            p: why
+            for p, why in sorted({**files.left_out, **files.left_out_groups}.items())
+            if p not in strings
+        },
         "error": None,
     }

@@ -21,7 +21,7 @@ from refmount.fetch import Fetcher
 from refmount.netcdf.reads import NetcdfReads
 from refmount.refs import open_refset
 from refmount.workers import InProcessRunner
-from tests.support.mounting import Mounted
+from tests.support.mounting import REFMOUNT, Mounted, child_env
 
 ROWS, COLUMNS = 64, 2048  # float64: 1 MiB, a chunk per column of 512 bytes
 
@@ -82,3 +82,25 @@ def test_cp_of_a_column_chunked_variable_equals_its_values(
     subprocess.run(["cp", str(mounted.mountpoint / "columns.nc"), str(copy)], check=True)
     data = copy.read_bytes()
     assert data[-values.nbytes :] == values.astype(">f8").tobytes()
+
+
+def test_check_netcdf_names_a_variable_read_at_a_cost(tmp_path: Path) -> None:
+    """``(65536, 128)`` doubles chunked ``(65536, 1)``: a 32 MiB stretch holds half a
+    chunk's rows, so a read in file order decodes each chunk twice."""
+    meta = {
+        "zarr_format": 2, "shape": [65536, 128], "chunks": [65536, 1], "dtype": "<f8",
+        "compressor": {"id": "zlib", "level": 1}, "filters": None, "order": "C",
+        "fill_value": None,
+    }  # fmt: skip
+    refs: dict[str, object] = {".zgroup": '{"zarr_format": 2}', "v/.zarray": json.dumps(meta)}
+    for column in range(128):  # metadata is all check reads
+        refs[f"v/0.{column}"] = [str(tmp_path / "chunks.bin"), column * 1000, 1000]
+    path = tmp_path / "tall.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    done = subprocess.run(
+        [*REFMOUNT, "check", "--netcdf", "--allow-local", str(path)],
+        capture_output=True, text=True, timeout=120, env=child_env(),
+    )  # fmt: skip
+    assert "v  " in done.stdout, done.stdout + done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.strip().startswith("v "))
+    assert "meets 64M of chunks" in line and "decodes each chunk 2 times (128M)" in line

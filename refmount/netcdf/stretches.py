@@ -53,13 +53,24 @@ class Stretches:
         """Whether reads of ``source`` go through stretches."""
         if len(source.shape) < 2 or self.row_bytes(source) > STRETCH_BYTES:
             return False
+        return self.row_chunk_bytes(source) > self.wide_bytes
+
+    @staticmethod
+    def row_chunk_bytes(source: Source) -> int:
+        """The decoded bytes of the chunks one first-axis row meets."""
         pairs = zip(source.shape[1:], source.chunks[1:], strict=True)
-        across = math.prod(-(-n // c) for n, c in pairs)
-        return across * source.chunk_bytes > self.wide_bytes
+        return math.prod(-(-n // c) for n, c in pairs) * source.chunk_bytes
 
     @staticmethod
     def row_bytes(source: Source) -> int:
         return math.prod(source.shape[1:]) * source.kind.served.itemsize
+
+    def passes(self, source: Source) -> int:
+        """How many times a read of ``source`` in file order decodes each chunk, read by
+        stretches: once when a stretch holds whole chunks' rows, else once per stretch
+        a chunk's rows span."""
+        rows, step = self.rows(source), source.chunks[0]
+        return 1 if rows >= step else -(-step // rows)
 
     def rows(self, source: Source) -> int:
         """First-axis rows per stretch: as many as fit, whole chunks' worth if one does."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +22,7 @@ import xarray as xr
 from refmount.netcdf.attributes import variable_attributes, zarr_fill
 from refmount.netcdf.header import NC_BYTE, NC_DOUBLE, NC_FLOAT, NC_SHORT
 from refmount.netcdf.types import FileType, attribute, file_type, from_single
-from tests.support.mounting import Mounted
+from tests.support.mounting import REPO, Mounted
 from tests.support.reader_datasets import Dataset, write_datasets, write_packed_netcdf4
 from tests.test_decode_readers import MAKERS, SCANNER_LEAVES_OUT
 
@@ -115,6 +115,21 @@ def test_xarray_reads_the_file_as_the_original(served: Served) -> None:
                     got = got.view(got.dtype.str.replace("i", "u"))
                 assert got.dtype == np.asarray(fill).dtype, name
                 assert np.array_equal(got, fill, equal_nan=got.dtype.kind == "f"), name
+
+
+def test_xarray_reads_the_bundled_example_as_its_original(
+    mount: Callable[..., Mounted],
+) -> None:
+    """examples/air, the netCDF reader tests' file (tests/test_netcdf_readers.py)."""
+    air = REPO / "examples" / "air"
+    path = mount(air / "refs.json", "--netcdf", "--netcdf-name", "air").mountpoint / "air.nc"
+    with xr.open_dataset(air / "air.nc") as original, xr.open_dataset(path) as view:
+        assert sorted(view.variables) == sorted(original.variables)
+        assert attributes(view) == attributes(original)
+        for name, variable in view.variables.items():
+            assert variable.dtype == original[name].dtype, name
+            assert same_values(variable, original[name]), name
+            assert attributes(variable) == attributes(original[name]), name
 
 
 def test_ncdump_prints_the_original_attributes(served: Served) -> None:

@@ -20,7 +20,7 @@ import pytest
 import xarray as xr
 
 from refmount.netcdf.attributes import variable_attributes, zarr_fill
-from refmount.netcdf.header import NC_BYTE, NC_DOUBLE, NC_FLOAT, NC_SHORT
+from refmount.netcdf.header import NC_BYTE, NC_DOUBLE, NC_FLOAT, NC_SHORT, NC_UBYTE
 from refmount.netcdf.types import FileType, attribute, file_type, from_single
 from tests.support.mounting import REPO, Mounted
 from tests.support.reader_datasets import Dataset, write_datasets, write_packed_netcdf4
@@ -220,6 +220,10 @@ def test_fill_and_valid_values_take_the_variable_s_type() -> None:
         "u", {"_FillValue": 255, "valid_range": [0, 254]}, ubyte, cdf5=False
     )
     assert (fill.nc_type, fill.values.tolist(), valid.values.tolist()) == (NC_BYTE, [-1], [0, -2])
+    (fill,) = variable_attributes("u", {"_FillValue": 255}, kind_of("|u1", cdf5=True), cdf5=True)
+    assert (fill.nc_type, fill.values.tolist()) == (NC_UBYTE, [255])  # CDF-5: its own type
+    (fill,) = variable_attributes("i", {"_FillValue": -9999}, kind_of("<i8"), cdf5=False)
+    assert (fill.nc_type, fill.values.tolist()) == (NC_DOUBLE, [-9999.0])  # int64 in CDF-2
     # xarray's Zarr v2 spelling of a float fill value (base64 of a little-endian double)
     (fill,) = variable_attributes("f", {"_FillValue": "AAAAAAA4j8A="}, single, cdf5=False)
     assert (fill.nc_type, fill.values.tolist()) == (NC_FLOAT, [-999.0])

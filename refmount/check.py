@@ -416,6 +416,8 @@ def _netcdf_lines(found: dict[str, Any]) -> list[str]:
         lines.append(f"    {made['name']:<32} {made['format']}: {names}")
     for array in found["strings"]:
         lines.append(f"    {array:<32} {STRINGS_NOTE}")
+    for array, cost in found.get("costly", {}).items():
+        lines.append(f"    {array:<32} {cost}")
     return lines
 
 

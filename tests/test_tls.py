@@ -13,11 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
+import pwd
+import select
+import shutil
 import socket
 import ssl
+import stat
+import struct
 import subprocess
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,12 +34,15 @@ import trio
 
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher, FetchPolicy
+from refmount.fetch import trust as trust_module
 from refmount.fetch.http import HttpBackend, readahead
 from refmount.fetch.http.aws_credentials import CredentialChain
+from refmount.fetch.http.backend import target_of
 from refmount.fetch.http.s3 import s3_client
 from refmount.fetch.http.sigv4 import EMPTY_SHA256, Credentials, Signer, canonical_path
+from refmount.fetch.http.tls import wrap as tls_wrap
 from refmount.fetch.obstore_options import translate
-from refmount.fetch.trust import CertificateError, split_options
+from refmount.fetch.trust import CertificateError, fsspec_options, split_options
 from tests.conftest import refmount_cli
 from tests.support.certificates import Certificates, make_certificates
 from tests.support.mounting import Mounted
@@ -620,3 +630,124 @@ def test_fsspec_for_gcs_and_azure_says_the_ca_bundle_does_not_reach_it(
         make_backend(protocol, options, "obstore").close()
         make_backend("https", options, "fsspec").close()  # aiohttp takes the context
     assert caplog.records == []
+
+
+def _reset_connection() -> tuple[socket.socket, socket.socket]:
+    """A client socket whose server accepted and reset the connection (``SO_LINGER`` 0),
+    once the client sees the reset; and the listener."""
+    listener = socket.create_server((HOST, 0))
+    client = socket.create_connection(listener.getsockname())
+    accepted, _ = listener.accept()
+    accepted.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    accepted.close()
+    for _ in range(10_000):  # until the reset has come (a state, not a time, is awaited)
+        try:
+            client.getpeername()
+        except OSError:
+            return client, listener
+        select.select([client], [], [], 0.01)
+    raise AssertionError("the reset never reached the client")
+
+
+@pytest.mark.parametrize("case", ["reset", "no-name"])
+def test_a_socket_wrap_socket_refuses_is_closed_at_once(case: str) -> None:
+    """``wrap_socket`` raises on a connection reset before it (ECONNRESET, raised after
+    ``ssl`` took the descriptor over, which it closes) and on an empty name (raised before,
+    the descriptor still ours): either way the socket is closed there, not when the
+    exception (whose traceback holds it) is let go of."""
+    client, listener = _reset_connection()
+    host = "localhost" if case == "reset" else ""
+    with listener:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always", ResourceWarning)
+            with pytest.raises((OSError, ValueError)) as caught:
+                tls_wrap(client, host, ssl.create_default_context())
+            assert caught.value.__traceback__ is not None  # still holding wrap()'s frame
+            assert client.fileno() == -1, "the socket is still open"
+            del caught
+        assert not [w for w in seen if issubclass(w.category, ResourceWarning)]
+
+
+@pytest.mark.parametrize(
+    "host", [".localhost", "a..example.org", "x" * 64 + ".example.org", ".", "::1.:"]
+)
+def test_a_host_ssl_would_refuse_never_reaches_the_tls_layer(host: str) -> None:
+    assert target_of("https", host, 443, "/x") is None
+    assert target_of("https", "example.org.", 443, "/x") is not None  # a final dot is a name
+    assert target_of("https", "::1", 443, "/x") is not None
+
+
+@pytest.mark.parametrize(
+    ("option", "header"),
+    [("token", "x-amz-security-token"), ("key", "Authorization"), ("region", "Authorization")],
+)
+def test_a_signed_s3_option_that_is_not_ascii_is_refused_at_start(
+    option: str,
+    header: str,
+    mountpoint: Path,
+    tmp_path: Path,
+    raw_server: Callable[[Answer], RawServer],
+) -> None:
+    """SigV4 signs a value's UTF-8, HTTP sends its Latin-1: the store would say 403."""
+    server = raw_server(lambda head: (ranged_answer(head), True))
+    options = {"endpoint_url": f"http://{HOST}:{server.port}", "region": "eu-north-1",
+               "key": "AKID", "secret": "s", option: "caf\xe9"}  # fmt: skip
+    refs = write_refs(tmp_path, "s3://bkt/data.bin")
+    for command in ([str(refs), str(mountpoint), "-f"], ["check", str(refs)]):
+        result = refmount_cli(*command, "--remote-options", json.dumps({"s3": options}))
+        assert result.returncode != 0, result.stdout
+        assert f"--remote-options s3: {option} is not ASCII" in result.stderr, result.stderr
+        assert header in result.stderr
+    assert not mountpoint.is_mount()
+    assert server.requests == []
+
+
+def test_a_session_token_from_the_environment_that_is_not_ascii_is_never_sent(
+    raw_server: Callable[[Answer], RawServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = raw_server(lambda head: (ranged_answer(head), True))
+    for name, value in [("AWS_ACCESS_KEY_ID", "AKID"), ("AWS_SECRET_ACCESS_KEY", "s"),
+                        ("AWS_SESSION_TOKEN", "t\xe9")]:  # fmt: skip
+        monkeypatch.setenv(name, value)
+    options = {"endpoint_url": f"http://{HOST}:{server.port}", "region": "eu-north-1"}
+    reader = Fetcher(remote_options={"s3": options}, policy=FetchPolicy(retries=0))
+    with pytest.raises(FetchError, match="'x-amz-security-token': not ASCII"):
+        trio.run(reader.fetch, "s3://bkt/a.nc", 5, 105)
+    reader.close()
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("planted", ["file", "link", "directory"])
+def test_the_ca_file_for_s3fs_is_never_one_another_user_planted(
+    planted: str, certificates: Certificates, no_trust_env: None, tmp_path: Path
+) -> None:
+    """User ``nobody`` plants a file (which could gain a CA of theirs before botocore
+    reads it), a link to one, or a directory (os.replace then fails) at the name in the
+    shared temporary directory that refmount once used: the CA file s3fs is given is
+    none of them but one of this process's own, in a directory only it can enter."""
+    nobody = pwd.getpwnam("nobody")
+    trust, _ = split_options({"ca_bundle": str(certificates.ca)})
+    text = trust.pem()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    old = Path(tempfile.gettempdir()) / f"refmount-ca-{os.getuid()}-{digest}.pem"
+    theirs = tmp_path / "theirs.pem"
+    theirs.write_text(text)  # what refmount would write: then reused as it is
+    os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+    if planted == "file":
+        shutil.copy(theirs, old)
+        os.chown(old, nobody.pw_uid, nobody.pw_gid)
+    elif planted == "link":
+        old.symlink_to(theirs)
+    else:
+        old.mkdir()
+    trust_module._ca_file.cache_clear()
+    try:
+        verify = fsspec_options("s3", {}, trust)["client_kwargs"]["verify"]
+    finally:
+        old.rmdir() if planted == "directory" else old.unlink()
+    assert Path(verify) != old and Path(verify).resolve() != theirs
+    for path, kind in ((Path(verify), stat.S_ISREG), (Path(verify).parent, stat.S_ISDIR)):
+        info = os.lstat(path)
+        assert kind(info.st_mode) and info.st_uid == os.getuid(), path
+        assert info.st_mode & 0o077 == 0, oct(info.st_mode)
+    assert Path(verify).read_text() == text

@@ -47,11 +47,7 @@ class TlsStream:
         """A verified TLS connection to ``host``; :class:`CertificateError` when its
         certificate is not trusted or not for ``host``."""
         stream = await trio.open_tcp_stream(host, port)  # TCP_NODELAY, happy eyeballs
-        raw = socket.socket(fileno=stream.socket.detach())
-        raw.setblocking(False)
-        tls = context.wrap_socket(
-            raw, server_hostname=host, do_handshake_on_connect=False, suppress_ragged_eofs=True
-        )
+        tls = wrap(socket.socket(fileno=stream.socket.detach()), host, context)
         self = cls(tls)
         try:
             await self._retry(_handshake, tls)
@@ -135,6 +131,20 @@ class TlsStream:
         else:
             trio.lowlevel.notify_closing(self._tls)
         self._tls.close()
+
+
+def wrap(raw: socket.socket, host: str, context: ssl.SSLContext) -> ssl.SSLSocket:
+    """``raw``, connected to ``host``, as a non-blocking TLS socket before its handshake.
+    When ``wrap_socket`` raises (the connection reset before it, a name ``ssl`` refuses,
+    no memory), ``raw`` is closed here, not left to the garbage collector."""
+    try:
+        raw.setblocking(False)
+        return context.wrap_socket(
+            raw, server_hostname=host, do_handshake_on_connect=False, suppress_ragged_eofs=True
+        )
+    except BaseException:
+        raw.close()
+        raise
 
 
 def _handshake(tls: ssl.SSLSocket) -> int:

@@ -363,9 +363,31 @@ def test_read_ahead_is_turned_on_where_the_interpreter_is_cpython() -> None:
     with ours, theirs:
         context = ssl.create_default_context()
         tls = context.wrap_socket(ours, server_hostname=HOST, do_handshake_on_connect=False)
-        pointer = readahead.enable(tls)
-        assert pointer is not None
-        assert not readahead.has_pending(pointer)
+        ahead = readahead.enable(tls)
+        assert ahead is not None
+        assert not ahead.has_pending()
+        tls.close()  # frees nothing the handle names: it holds the _ssl object
+        assert ahead.has_pending() is False
+        ahead.release()
+        assert ahead.has_pending() is False
+
+
+def test_read_ahead_reads_no_word_where_the_layout_was_not_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An interpreter outside the checked versions: enable() says None before reading
+    any pointer."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        context = ssl.create_default_context()
+        tls = context.wrap_socket(ours, server_hostname=HOST, do_handshake_on_connect=False)
+        monkeypatch.setattr(readahead, "CHECKED_VERSIONS", frozenset())
+        readahead._libssl.cache_clear()
+        try:
+            assert readahead.enable(tls) is None
+        finally:
+            monkeypatch.undo()
+            readahead._libssl.cache_clear()
 
 
 def test_a_tls_answer_nobody_asked_for_never_answers_the_next_request(

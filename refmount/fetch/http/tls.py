@@ -38,9 +38,8 @@ class TlsStream:
     def __init__(self, tls: ssl.SSLSocket) -> None:
         self._tls = tls
         self._unyielded = 0
-        #: The connection's ``SSL`` pointer when OpenSSL reads ahead on it (see
-        #: :mod:`.readahead`), else None.
-        self._ahead: int | None = None
+        #: OpenSSL's read-ahead on the connection (see :mod:`.readahead`), or None.
+        self._ahead: readahead.ReadAhead | None = None
 
     @classmethod
     async def open(cls, host: str, port: int, context: ssl.SSLContext) -> TlsStream:
@@ -120,7 +119,7 @@ class TlsStream:
         reads ahead, any it has taken from the socket."""
         if self._tls.pending():
             return True
-        return self._ahead is not None and readahead.has_pending(self._ahead)
+        return self._ahead is not None and self._ahead.has_pending()
 
     def close(self) -> None:
         """Close the socket; inside trio tell it first (a task may wait on it)."""
@@ -130,6 +129,8 @@ class TlsStream:
             pass
         else:
             trio.lowlevel.notify_closing(self._tls)
+        if self._ahead is not None:
+            self._ahead.release()
         self._tls.close()
 
 

@@ -360,7 +360,7 @@ def _range_length(head: Head, start: int, end: int, length: int) -> int:
 
 def _modified(head: Head) -> object:
     value = head.get("last-modified")
-    if value is None:
+    if value is None or not value.isascii():  # a date of ASCII digits only
         return None
     try:
         return email.utils.parsedate_to_datetime(value)

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import pwd
+import select
 import shutil
 import socket
 import ssl
@@ -43,7 +44,7 @@ from refmount.fetch.obstore_options import translate
 from refmount.fetch.trust import CertificateError, fsspec_options, split_options
 from tests.conftest import refmount_cli
 from tests.support.certificates import Certificates, make_certificates
-from tests.support.mounting import Mounted
+from tests.support.mounting import Mounted, mount_background
 from tests.support.nginx import NginxServer
 from tests.support.rawserver import Answer, RawServer, Reply, asked_range, partial
 from tests.support.servers import HOST, MotoServer
@@ -716,3 +717,44 @@ def test_the_ca_file_for_s3fs_is_never_one_another_user_planted(
         assert kind(info.st_mode) and info.st_uid == os.getuid(), path
         assert info.st_mode & 0o077 == 0, oct(info.st_mode)
     assert Path(verify).read_text() == text
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["foreground", "daemon"])
+def test_the_private_ca_directory_goes_with_its_process(
+    background: bool,
+    tmp_path: Path,
+    tls_nginx: NginxServer,
+    certificates: Certificates,
+    mount: Callable[..., Mounted],
+    no_trust_env: None,
+) -> None:
+    """s3 through fsspec with a ca_bundle: the CA file lies in a directory of the
+    daemon's own while it serves, removed when it ends, whether it ends by returning
+    (foreground) or with os._exit (the daemon forked by a mount without -f)."""
+    options = {"s3": s3_options(tls_nginx, ca_bundle=str(certificates.ca))}
+    refs = write_refs(tmp_path, "s3://bucket/data.bin")
+    args = ["--fetch-backend", "fsspec", "--remote-options", json.dumps(options)]
+    with contextlib.ExitStack() as stack:
+        if background:
+            made = stack.enter_context(mount_background(refs, tmp_path / "mnt", args))
+            pid, root = made.pid, made.path
+        else:
+            mounted = stack.enter_context(mount(refs, *args))
+            pid, root = mounted.pid, mounted.mountpoint
+        assert pid is not None
+        assert (root / "a").read_bytes() == DATA[:100_000]
+        made_dirs = _private_directories(pid)
+        assert len(made_dirs) == 1, made_dirs
+        (private,) = made_dirs
+        assert [p.name for p in private.iterdir()] == [p.name for p in private.glob("ca-*.pem")]
+    for _ in range(2000):  # until the process has ended (a state, not a time)
+        if not Path(f"/proc/{pid}").exists():
+            break
+        select.select([], [], [], 0.01)
+    assert not Path(f"/proc/{pid}").exists()
+    assert _private_directories(pid) == []
+
+
+def _private_directories(pid: int) -> list[Path]:
+    bases = {tempfile.gettempdir(), os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()}
+    return [p for base in bases for p in Path(base).glob(f"refmount-{pid}-*")]

@@ -195,15 +195,22 @@ def _private_directory() -> Path:
     base = os.environ.get("XDG_RUNTIME_DIR")
     if not base or not _private_to_us(base):
         base = tempfile.gettempdir()
-    directory = Path(tempfile.mkdtemp(prefix="refmount-", dir=base))
-    atexit.register(_remove, directory, os.getpid())
+    directory = Path(tempfile.mkdtemp(prefix=f"refmount-{os.getpid()}-", dir=base))
+    _made.append((directory, os.getpid()))
     return directory
 
 
-def _remove(directory: Path, owner: int) -> None:
-    """Remove ``directory`` at exit of the process that made it (not of a forked child)."""
-    if os.getpid() == owner:
-        shutil.rmtree(directory, ignore_errors=True)
+#: The private directories made, with the process that made each.
+_made: list[tuple[Path, int]] = []
+
+
+@atexit.register
+def remove_private_directory() -> None:
+    """Remove the private directory this process made (not one of its parent's, after
+    a fork).  Run at exit; a process that leaves with ``os._exit`` calls it first."""
+    for directory, owner in _made:
+        if os.getpid() == owner:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _private_to_us(path: str) -> bool:

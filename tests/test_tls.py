@@ -356,13 +356,13 @@ def test_a_wrong_tls_range_is_refused(tls_raw_server: Callable[..., TlsRawServer
 def test_a_tls_answer_nobody_asked_for_never_answers_the_next_request(
     tls_raw_server: Callable[..., TlsRawServer],
 ) -> None:
-    """OpenSSL reads ahead on refmount's connections (:mod:`refmount.fetch.http.readahead`):
-    an answer the server sends right behind the asked one is read with the asked one's
-    TLS record into OpenSSL's buffer, where no poll of the socket sees it, and must keep
-    the connection from being used again all the same (without the check, the next
+    """refmount's TLS reads the socket in large receives into OpenSSL's memory BIO
+    (:mod:`refmount.fetch.http.tls`): an answer the server sends right behind the asked
+    one is taken from the socket with it, where no poll of the socket sees it, and must
+    keep the connection from being used again all the same (without the check, the next
     request gets this answer's bytes)."""
-    # The answer fills one TLS record (16 KiB, the largest) to the byte: OpenSSL reads
-    # that record's header with as much as its buffer holds, the next record too.
+    # The answer fills one TLS record (16 KiB, the largest) to the byte: the receive that
+    # brings it brings the next record too.
     length = next(n for n in range(16_000, 16_384) if len(partial(0, n - 1, DATA)) == 16_384)
     other = bytes(255 - b for b in DATA)
 

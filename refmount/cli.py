@@ -23,6 +23,7 @@ from refmount.options import (
     UsageError,
     add_icechunk_options,
     check_remote_trust,
+    check_signed,
     parse_args,
     parse_json_object,
     per_protocol,
@@ -173,6 +174,7 @@ def run_check(argv: list[str]) -> int:
     remote_options = per_protocol(args.remote_options, args.remote_protocol)
     try:
         check_remote_trust(remote_options)
+        check_signed(remote_options)
     except UsageError as exc:
         parser.error(str(exc))
     options = CheckOptions(

@@ -607,6 +607,7 @@ def parse_args(argv: list[str]) -> Config:
         for scope, options in values["remote_options"].items():
             check_headers(options, "--remote-options" + ("" if scope == "*" else f" {scope}"))
         check_remote_trust(values["remote_options"])
+        check_signed(values["remote_options"])
         check_headers(values.get("refs_options") or {}, "--refs-options")
         values["refs"] = refs_location(args.refs)
     except UsageError as exc:
@@ -643,6 +644,35 @@ def check_remote_trust(remote_options: Mapping[str, Mapping[str, Any]]) -> None:
         check_bundles(remote_options)
     except ValueError as exc:
         raise UsageError(f"--remote-options {exc}") from None
+
+
+#: The options of an S3 scope that refmount's client writes into a signed request's
+#: headers, and those headers.
+_SIGNED_OPTIONS = {
+    "key": "Authorization",
+    "region": "Authorization",
+    "client_kwargs.region_name": "Authorization",
+    "token": "x-amz-security-token",
+}
+
+
+def check_signed(remote_options: Mapping[str, Mapping[str, Any]]) -> None:
+    """UsageError for an option of an S3 scope that goes into a SigV4-signed header and
+    is not ASCII: SigV4 signs a value's UTF-8 while HTTP sends its Latin-1, and the store's
+    answer would be a 403 that names nothing."""
+    from refmount.fetch.obstore_options import S3_PROTOCOLS  # the fetch layer: only here
+
+    for scope, options in remote_options.items():
+        if scope != "*" and scope.partition("://")[0] not in S3_PROTOCOLS:
+            continue
+        client = options.get("client_kwargs")
+        region = client.get("region_name") if isinstance(client, dict) else None
+        for name, header in _SIGNED_OPTIONS.items():
+            value = region if name == "client_kwargs.region_name" else options.get(name)
+            if isinstance(value, str) and not value.isascii():
+                where = "" if scope == "*" else f" {scope}"
+                raise UsageError(f"--remote-options{where}: {name} is not ASCII, and its "
+                                 f"{header} header cannot be signed (SigV4)")  # fmt: skip
 
 
 def check_headers(options: Mapping[str, Any], where: str) -> None:

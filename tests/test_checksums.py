@@ -317,3 +317,14 @@ def test_a_disk_entry_that_cannot_be_checked_is_not_served(tmp_path: Path) -> No
         checked, stats = trio.run(read, url, Checksum(etag='"any"'))
         assert isinstance(checked, FetchError) and "no ETag" in str(checked)
         assert stats["disk_hits"] == 0
+
+
+def test_a_modification_time_in_other_digits_is_no_time() -> None:
+    """An HTTP date whose day is written in Arabic-Indic digits (int() reads them) is not
+    the date it spells: it cannot vouch for a version, so it matches none."""
+    ascii_date = "Sun, 06 Nov 1994 08:49:37 GMT"
+    assert checksums.seconds(ascii_date) == 784111777
+    assert checksums.seconds(ascii_date.replace("06", "\u0660\u0666")) is None
+    checksum = Checksum(last_modified=784111777)
+    other_digits = ascii_date.replace("06", "\u0660\u0666")
+    assert checksums.mismatch(checksum, etag=None, modified=other_digits) is not None

@@ -10,7 +10,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -641,3 +641,58 @@ def test_a_part_half_on_disk_is_whole_and_the_rest_is_fetched(tmp_path: Path) ->
             (UNIT, 5 * UNIT),
             (6 * UNIT, 12 * UNIT - 5),
         ]
+
+
+class _WrittenBetween(Store):
+    """A store of the cache directory during whose reservation another process writes
+    the bytes it reserved, just after the reservation's first look at the disk (free
+    space, or what the temporary files take), before its second."""
+
+    def __init__(self, root: str, other_writes: Callable[[], None]) -> None:
+        super().__init__(root)
+        self._other_writes: Callable[[], None] | None = other_writes
+
+    def free(self) -> int:
+        found = super().free()
+        self._between()
+        return found
+
+    def writing(self) -> dict[str, int]:
+        found = super().writing()
+        self._between()
+        return found
+
+    def _between(self) -> None:
+        write, self._other_writes = self._other_writes, None
+        if write is not None:
+            write()
+
+
+def test_bytes_another_process_writes_during_a_reservation_are_never_room(
+    small_disk: Path,
+) -> None:
+    """Process a reserved room for an entry; process b reserves while a writes it.
+    Whatever order b looks at the free space and at a's temporary file in, a's bytes
+    are counted as taken (twice at worst), never as free: b is refused when a's entry
+    and b's together would cross the floor."""
+    a = Store(str(small_disk))
+    index_a = Index(a.index_path)
+    key = EntryKey("https://example.org/r", "v", 0, 300 << 10)
+    entry = Entry([(0, 300 << 10)], bytes(300 << 10))
+    size = a.space().on_disk(encoded_length(key, entry))
+    written: list[int] = []
+    b = _WrittenBetween(str(small_disk), lambda: written.append(a.write_temp(key, entry)[1]))
+    index_b = Index(b.index_path)
+    try:
+        free = a.space().free
+        # Room for a's entry and half of b's: b's must be refused.
+        floor = Limits(max_bytes=1 << 40, min_free=free - 2 * size + size // 2, slack=0)
+        assert index_a.reserve(a.owner, [size], time.time(), floor, a).granted == 1
+        got = index_b.reserve(b.owner, [size], time.time(), floor, b)
+        assert written == [size]  # a wrote its entry while b looked
+        assert got.granted == 0, f"granted with {a.space().free} bytes free, floor {floor}"
+    finally:
+        for index in (index_a, index_b):
+            index.close()
+        for store in (a, b):
+            store.close()

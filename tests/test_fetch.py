@@ -196,3 +196,23 @@ def test_open_local_files_are_bounded_and_closed(tmp_path: Path) -> None:
     assert open_fds() - before == OPEN_LOCAL_FILES
     fetcher.close()
     assert open_fds() == before
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "bytes \u0661\u0660-\u0661\u0669/100",  # Arabic-Indic 10-19: int() reads them
+        "bytes 10-19/\u0661\u0660\u0660",
+        "bytes\u00a010-19/100",  # a no-break space, which \s matches
+        "bytes 10-19/100\n",  # $ matches before a final newline
+    ],
+)
+def test_a_content_range_not_in_ascii_is_a_wrong_answer(header: str) -> None:
+    """aiohttp and botocore hand headers over decoded: a Content-Range for the asked range
+    written with other digits or spaces is refused, not read as the range."""
+    from refmount.fetch.backend import WrongAnswer
+    from refmount.fetch.bounded import check_content_range
+
+    assert check_content_range("bytes 10-19/100", 10, 20) == 10
+    with pytest.raises(WrongAnswer):
+        check_content_range(header, 10, 20)

@@ -90,10 +90,14 @@ def test_a_head_that_does_not_parse_is_a_protocol_error(head: bytes) -> None:
         ("content-length", "1" * 20),
         ("content-range", "bytes 1-2"),
         ("content-range", "items 1-2/3"),
+        ("content-length", "\xb2"),  # Latin-1 superscript two: isdigit(), not int()
+        ("content-length", "\xa012"),  # a no-break space, which str.strip() takes away
+        ("content-length", "12\x85"),  # Latin-1 NEL, another one
+        ("content-range", "bytes 1-2/3\xa0"),
     ],
 )
 def test_lengths_and_ranges_that_are_not_numbers_are_refused(header: str, value: str) -> None:
-    head = parse_head(f"HTTP/1.1 206 x\r\n{header}: {value}".encode())
+    head = parse_head(f"HTTP/1.1 206 x\r\n{header}: {value}".encode("latin-1"))
     with pytest.raises(ProtocolError):
         head.content_length() if header == "content-length" else head.content_range()
 

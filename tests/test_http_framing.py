@@ -204,3 +204,36 @@ def test_an_answer_nobody_asked_for_never_answers_the_next_request(
     assert_good(m, "second", length)
     assert [path_of(h) for h in server.requests] == ["/first.bin", "/second.bin"]
     assert server.connections == 2  # the first connection was closed, not used again
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"Content-Length: \xb2",  # a superscript two in Latin-1: str.isdigit() says yes
+        b"Content-Length: \xa04096",  # a no-break space before the number
+        "Content-Length: \u0664\u0660\u0669\u0666".encode(),  # Arabic-Indic 4096, UTF-8
+    ],
+    ids=["superscript", "nbsp", "arabic-indic"],
+)
+def test_a_length_not_in_ascii_digits_is_a_protocol_error(
+    mount: Callable[..., Mounted],
+    tmp_path: Path,
+    raw_server: Callable[..., RawServer],
+    header: bytes,
+) -> None:
+    def answer(head: bytes) -> tuple[Reply, bool]:
+        first, last = asked_range(head)
+        if path_of(head) == "/good.bin":
+            return partial(first, last), True
+        head_lines = (
+            f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {first}-{last}/{len(DATA)}\r\n"
+        ).encode()
+        return head_lines + header + b"\r\n\r\n" + DATA[first : last + 1], True
+
+    server = raw_server(answer)
+    m = mount_keys(mount, tmp_path, server, {"odd": "/odd.bin", "good": "/good.bin"})
+    assert_eio(read(m.mountpoint / "odd"))
+    log = m.log()
+    assert "ProtocolError: Content-Length" in log, log[-2000:]
+    assert "ValueError" not in log
+    assert_good(m)

@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
+import pwd
+import select
+import shutil
 import socket
 import ssl
+import stat
 import subprocess
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,15 +33,18 @@ import trio
 
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher, FetchPolicy
-from refmount.fetch.http import HttpBackend, readahead
+from refmount.fetch import trust as trust_module
+from refmount.fetch.http import HttpBackend
 from refmount.fetch.http.aws_credentials import CredentialChain
+from refmount.fetch.http.backend import target_of
 from refmount.fetch.http.s3 import s3_client
 from refmount.fetch.http.sigv4 import EMPTY_SHA256, Credentials, Signer, canonical_path
+from refmount.fetch.http.tls import wrap as tls_wrap
 from refmount.fetch.obstore_options import translate
-from refmount.fetch.trust import CertificateError, split_options
+from refmount.fetch.trust import CertificateError, fsspec_options, split_options
 from tests.conftest import refmount_cli
 from tests.support.certificates import Certificates, make_certificates
-from tests.support.mounting import Mounted
+from tests.support.mounting import Mounted, mount_background
 from tests.support.nginx import NginxServer
 from tests.support.rawserver import Answer, RawServer, Reply, asked_range, partial
 from tests.support.servers import HOST, MotoServer
@@ -344,30 +353,16 @@ def test_a_wrong_tls_range_is_refused(tls_raw_server: Callable[..., TlsRawServer
     reader.close()
 
 
-def test_read_ahead_is_turned_on_where_the_interpreter_is_cpython() -> None:
-    """The pointers :mod:`refmount.fetch.http.readahead` reads out of CPython's ``_ssl``
-    objects are checked against OpenSSL before use: on this interpreter they pass, so the
-    daemon's TLS connections read ahead (were the layout to change, enable() says None
-    and this fails, rather than read-ahead going quietly off)."""
-    ours, theirs = socket.socketpair()
-    with ours, theirs:
-        context = ssl.create_default_context()
-        tls = context.wrap_socket(ours, server_hostname=HOST, do_handshake_on_connect=False)
-        pointer = readahead.enable(tls)
-        assert pointer is not None
-        assert not readahead.has_pending(pointer)
-
-
 def test_a_tls_answer_nobody_asked_for_never_answers_the_next_request(
     tls_raw_server: Callable[..., TlsRawServer],
 ) -> None:
-    """OpenSSL reads ahead on refmount's connections (:mod:`refmount.fetch.http.readahead`):
-    an answer the server sends right behind the asked one is read with the asked one's
-    TLS record into OpenSSL's buffer, where no poll of the socket sees it, and must keep
-    the connection from being used again all the same (without the check, the next
+    """refmount's TLS reads the socket in large receives into OpenSSL's memory BIO
+    (:mod:`refmount.fetch.http.tls`): an answer the server sends right behind the asked
+    one is taken from the socket with it, where no poll of the socket sees it, and must
+    keep the connection from being used again all the same (without the check, the next
     request gets this answer's bytes)."""
-    # The answer fills one TLS record (16 KiB, the largest) to the byte: OpenSSL reads
-    # that record's header with as much as its buffer holds, the next record too.
+    # The answer fills one TLS record (16 KiB, the largest) to the byte: the receive that
+    # brings it brings the next record too.
     length = next(n for n in range(16_000, 16_384) if len(partial(0, n - 1, DATA)) == 16_384)
     other = bytes(255 - b for b in DATA)
 
@@ -620,3 +615,146 @@ def test_fsspec_for_gcs_and_azure_says_the_ca_bundle_does_not_reach_it(
         make_backend(protocol, options, "obstore").close()
         make_backend("https", options, "fsspec").close()  # aiohttp takes the context
     assert caplog.records == []
+
+
+@pytest.mark.parametrize("host", ["", ".localhost"])
+def test_a_socket_whose_name_ssl_refuses_is_closed_at_once(host: str) -> None:
+    """``wrap_bio`` refuses an empty name or one with a leading dot, after the TCP
+    connection was made: the socket is closed there, not when the exception (whose
+    traceback holds it) is let go of."""
+    with socket.create_server((HOST, 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always", ResourceWarning)
+            with pytest.raises(ValueError) as caught:
+                tls_wrap(client, host, ssl.create_default_context())
+            assert caught.value.__traceback__ is not None  # still holding wrap()'s frame
+            assert client.fileno() == -1, "the socket is still open"
+            del caught
+        assert not [w for w in seen if issubclass(w.category, ResourceWarning)]
+
+
+@pytest.mark.parametrize(
+    "host", [".localhost", "a..example.org", "x" * 64 + ".example.org", ".", "::1.:"]
+)
+def test_a_host_ssl_would_refuse_never_reaches_the_tls_layer(host: str) -> None:
+    assert target_of("https", host, 443, "/x") is None
+    assert target_of("https", "example.org.", 443, "/x") is not None  # a final dot is a name
+    assert target_of("https", "::1", 443, "/x") is not None
+
+
+@pytest.mark.parametrize(
+    ("option", "header"),
+    [("token", "x-amz-security-token"), ("key", "Authorization"), ("region", "Authorization")],
+)
+def test_a_signed_s3_option_that_is_not_ascii_is_refused_at_start(
+    option: str,
+    header: str,
+    mountpoint: Path,
+    tmp_path: Path,
+    raw_server: Callable[[Answer], RawServer],
+) -> None:
+    """SigV4 signs a value's UTF-8, HTTP sends its Latin-1: the store would say 403."""
+    server = raw_server(lambda head: (ranged_answer(head), True))
+    options = {"endpoint_url": f"http://{HOST}:{server.port}", "region": "eu-north-1",
+               "key": "AKID", "secret": "s", option: "caf\xe9"}  # fmt: skip
+    refs = write_refs(tmp_path, "s3://bkt/data.bin")
+    for command in ([str(refs), str(mountpoint), "-f"], ["check", str(refs)]):
+        result = refmount_cli(*command, "--remote-options", json.dumps({"s3": options}))
+        assert result.returncode != 0, result.stdout
+        assert f"--remote-options s3: {option} is not ASCII" in result.stderr, result.stderr
+        assert header in result.stderr
+    assert not mountpoint.is_mount()
+    assert server.requests == []
+
+
+def test_a_session_token_from_the_environment_that_is_not_ascii_is_never_sent(
+    raw_server: Callable[[Answer], RawServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = raw_server(lambda head: (ranged_answer(head), True))
+    for name, value in [("AWS_ACCESS_KEY_ID", "AKID"), ("AWS_SECRET_ACCESS_KEY", "s"),
+                        ("AWS_SESSION_TOKEN", "t\xe9")]:  # fmt: skip
+        monkeypatch.setenv(name, value)
+    options = {"endpoint_url": f"http://{HOST}:{server.port}", "region": "eu-north-1"}
+    reader = Fetcher(remote_options={"s3": options}, policy=FetchPolicy(retries=0))
+    with pytest.raises(FetchError, match="'x-amz-security-token': not ASCII"):
+        trio.run(reader.fetch, "s3://bkt/a.nc", 5, 105)
+    reader.close()
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("planted", ["file", "link", "directory"])
+def test_the_ca_file_for_s3fs_is_never_one_another_user_planted(
+    planted: str, certificates: Certificates, no_trust_env: None, tmp_path: Path
+) -> None:
+    """User ``nobody`` plants a file (which could gain a CA of theirs before botocore
+    reads it), a link to one, or a directory (os.replace then fails) at the name in the
+    shared temporary directory that refmount once used: the CA file s3fs is given is
+    none of them but one of this process's own, in a directory only it can enter."""
+    nobody = pwd.getpwnam("nobody")
+    trust, _ = split_options({"ca_bundle": str(certificates.ca)})
+    text = trust.pem()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    old = Path(tempfile.gettempdir()) / f"refmount-ca-{os.getuid()}-{digest}.pem"
+    theirs = tmp_path / "theirs.pem"
+    theirs.write_text(text)  # what refmount would write: then reused as it is
+    os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+    if planted == "file":
+        shutil.copy(theirs, old)
+        os.chown(old, nobody.pw_uid, nobody.pw_gid)
+    elif planted == "link":
+        old.symlink_to(theirs)
+    else:
+        old.mkdir()
+    trust_module._ca_file.cache_clear()
+    try:
+        verify = fsspec_options("s3", {}, trust)["client_kwargs"]["verify"]
+    finally:
+        old.rmdir() if planted == "directory" else old.unlink()
+    assert Path(verify) != old and Path(verify).resolve() != theirs
+    for path, kind in ((Path(verify), stat.S_ISREG), (Path(verify).parent, stat.S_ISDIR)):
+        info = os.lstat(path)
+        assert kind(info.st_mode) and info.st_uid == os.getuid(), path
+        assert info.st_mode & 0o077 == 0, oct(info.st_mode)
+    assert Path(verify).read_text() == text
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["foreground", "daemon"])
+def test_the_private_ca_directory_goes_with_its_process(
+    background: bool,
+    tmp_path: Path,
+    tls_nginx: NginxServer,
+    certificates: Certificates,
+    mount: Callable[..., Mounted],
+    no_trust_env: None,
+) -> None:
+    """s3 through fsspec with a ca_bundle: the CA file lies in a directory of the
+    daemon's own while it serves, removed when it ends, whether it ends by returning
+    (foreground) or with os._exit (the daemon forked by a mount without -f)."""
+    options = {"s3": s3_options(tls_nginx, ca_bundle=str(certificates.ca))}
+    refs = write_refs(tmp_path, "s3://bucket/data.bin")
+    args = ["--fetch-backend", "fsspec", "--remote-options", json.dumps(options)]
+    with contextlib.ExitStack() as stack:
+        if background:
+            made = stack.enter_context(mount_background(refs, tmp_path / "mnt", args))
+            pid, root = made.pid, made.path
+        else:
+            mounted = stack.enter_context(mount(refs, *args))
+            pid, root = mounted.pid, mounted.mountpoint
+        assert pid is not None
+        assert (root / "a").read_bytes() == DATA[:100_000]
+        made_dirs = _private_directories(pid)
+        assert len(made_dirs) == 1, made_dirs
+        (private,) = made_dirs
+        assert [p.name for p in private.iterdir()] == [p.name for p in private.glob("ca-*.pem")]
+    for _ in range(2000):  # until the process has ended (a state, not a time)
+        if not Path(f"/proc/{pid}").exists():
+            break
+        select.select([], [], [], 0.01)
+    assert not Path(f"/proc/{pid}").exists()
+    assert _private_directories(pid) == []
+
+
+def _private_directories(pid: int) -> list[Path]:
+    bases = {tempfile.gettempdir(), os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()}
+    return [p for base in bases for p in Path(base).glob(f"refmount-{pid}-*")]

@@ -24,13 +24,16 @@ from typing import Any
 
 from refmount.fetch import checksums, redirects
 from refmount.fetch.backend import MAX_FILE_SIZE, WrongAnswer
+from refmount.fetch.digits import ascii_decimal
 from refmount.refs.model import Checksum
 
 PIECE = 1 << 20  # bytes asked of a body stream at a time
 # A HEAD refused with these (presigned GET URLs, servers without HEAD) is asked again as a
 # one-byte GET; any other error status is the answer.
 _HEAD_REFUSED = frozenset({403, 405, 501})
-_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+_CONTENT_RANGE = re.compile(
+    r"[ \t]*bytes[ \t]+([0-9]{1,19})-([0-9]{1,19})/([0-9]{1,19}|\*)[ \t]*", re.IGNORECASE | re.ASCII
+)
 
 
 class HTTPStatusError(Exception):
@@ -44,7 +47,7 @@ class HTTPStatusError(Exception):
 def check_content_range(header: str | None, start: int, end: int) -> int:
     """The number of bytes a 206 answer with this ``Content-Range`` carries, if it is the
     asked range ``[start, end)`` (or its part before the end of the file); else raise."""
-    match = _CONTENT_RANGE.match(header or "")
+    match = _CONTENT_RANGE.fullmatch(header or "")
     if match is None:
         raise WrongAnswer(f"a 206 answer with Content-Range {header!r}, not bytes {start}-")
     first, last, total = int(match[1]), int(match[2]), match[3]
@@ -163,20 +166,20 @@ async def http_size(fs: Any, url: str) -> int:
         if resp.status >= 400 and resp.status not in _HEAD_REFUSED:
             raise HTTPStatusError(resp.status, url)
         if resp.status < 300 and resp.headers.get("Content-Encoding", "identity") == "identity":
-            length = resp.headers.get("Content-Length")
-            if length is not None and length.strip().isdigit():
-                return checked_size(int(length), url)
+            length = ascii_decimal(resp.headers.get("Content-Length", ""))
+            if length is not None:
+                return checked_size(length, url)
     async with _answer(
         fs, "GET", url, {"Accept-Encoding": "identity", "Range": "bytes=0-0"}
     ) as resp:
         _raise_for_status(resp, url)
         _identity(resp, url)
-        match = _CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
+        match = _CONTENT_RANGE.fullmatch(resp.headers.get("Content-Range", ""))
         if resp.status == 206 and match is not None and match[3] != "*":
             return checked_size(int(match[3]), url)
-        length = resp.headers.get("Content-Length")
-        if resp.status == 200 and length is not None and length.strip().isdigit():
-            return checked_size(int(length), url)
+        length = ascii_decimal(resp.headers.get("Content-Length", ""))
+        if resp.status == 200 and length is not None:
+            return checked_size(length, url)
     raise WrongAnswer(f"{url}: the store tells no size (no Content-Length or Content-Range)")
 
 

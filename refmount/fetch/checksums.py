@@ -47,6 +47,8 @@ def seconds(modified: object) -> int | None:
     if isinstance(modified, int | float) and not isinstance(modified, bool):
         return int(modified)
     if isinstance(modified, str) and modified.strip():
+        if not modified.isascii():  # int() would read other scripts' digits as a date
+            return None
         try:
             return int(email.utils.parsedate_to_datetime(modified).timestamp())
         except (TypeError, ValueError, IndexError):

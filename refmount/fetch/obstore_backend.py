@@ -79,7 +79,7 @@ log = logging.getLogger(__name__)
 #: interpreter that finalizes in that instant aborts (seen with obstore 0.12, with plain
 #: asyncio too; 50 ms after the last request it never did in 30 tries).
 SETTLE_SECONDS = 0.2
-_STATUS = re.compile(r"status code: (\d{3})")
+_STATUS = re.compile(r"status code: ([0-9]{3})")
 
 
 class ObstoreError(Exception):

@@ -19,11 +19,14 @@ A certificate that fails verification is a final error naming the host and OpenS
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import os
 import re
+import shutil
 import ssl
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -167,17 +170,57 @@ def _pem(bundles: tuple[str, ...]) -> str:
 
 @lru_cache(maxsize=32)
 def _ca_file(bundles: tuple[str, ...]) -> str:
-    """A file holding :func:`_pem`, named by its content (written once per process
-    and content; the same bytes under the same name when rewritten)."""
+    """A file holding :func:`_pem`, written once per process and content, in a directory
+    only this process made (:func:`_private_directory`): no other user can have put a
+    file, a link or a directory at its name before, nor change it after."""
     text = _pem(bundles)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    path = Path(tempfile.gettempdir()) / f"refmount-ca-{os.getuid()}-{digest}.pem"
-    if not path.is_file() or path.read_text() != text:
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".refmount-ca-")
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        os.replace(temporary, path)
+    path = _private_directory() / f"ca-{digest}.pem"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:  # written by this process already (its name is its content)
+        return str(path)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
     return str(path)
+
+
+@lru_cache(maxsize=1)
+def _private_directory() -> Path:
+    """A directory of this process's own (mode 0700, made with an unpredictable name,
+    removed at exit) under ``$XDG_RUNTIME_DIR`` when that is the user's private one, else
+    under the temporary directory.  A path in a shared directory that a file is looked
+    for at, or reused from, is one another user of the machine can plant first."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if not base or not _private_to_us(base):
+        base = tempfile.gettempdir()
+    directory = Path(tempfile.mkdtemp(prefix=f"refmount-{os.getpid()}-", dir=base))
+    _made.append((directory, os.getpid()))
+    return directory
+
+
+#: The private directories made, with the process that made each.
+_made: list[tuple[Path, int]] = []
+
+
+@atexit.register
+def remove_private_directory() -> None:
+    """Remove the private directory this process made (not one of its parent's, after
+    a fork).  Run at exit; a process that leaves with ``os._exit`` calls it first."""
+    for directory, owner in _made:
+        if os.getpid() == owner:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _private_to_us(path: str) -> bool:
+    """Whether ``path`` is a directory (not a link) of this user's that no one else may
+    write to or read."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
 
 
 def certificate_failure(exc: BaseException, host: str) -> CertificateError | None:

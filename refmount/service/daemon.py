@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from refmount.fetch.trust import remove_private_directory
 from refmount.malloc import tune_malloc
 from refmount.options import Config
 from refmount.redaction import Scrubber, ScrubbingFormatter
@@ -131,6 +132,7 @@ def _run_in_background(config: Config) -> int:
         except BaseException as exc:  # the parent must hear of every failure
             _report(write_end, Scrubber(config.refs)(f"refmount: {exc}"))
             code = 1
+        remove_private_directory()  # os._exit runs no atexit
         os._exit(code)
     os.close(write_end)
     return _wait_for_daemon(pid, read_end, config)

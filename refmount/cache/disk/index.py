@@ -189,7 +189,10 @@ class Index:
             owners = [row[0] for row in db.execute("SELECT DISTINCT owner FROM reservations")]
             gone = [(o,) for o in owners if o != owner and not disk.alive(o)]
             db.executemany("DELETE FROM reservations WHERE owner = ?", gone)
-            room = disk.free() - self._unwritten(db, now, disk)
+            # What the others' files take first, the free space after: bytes they write
+            # in between are then counted twice (room underestimated), never not at all.
+            unwritten = self._unwritten(db, now, disk)
+            room = disk.free() - unwritten
             for size in sizes:
                 victims = plan_eviction(
                     db.execute("SELECT name, blocks FROM entries ORDER BY used"),

@@ -202,14 +202,16 @@ class ShardDecoder:
     def locate(self, index: Buffer, shard_size: int) -> tuple[int, int] | None:
         """``(offset, length)`` of the inner chunk in a shard of ``shard_size`` bytes,
         from its index (checked); ``None`` when the shard holds no such chunk."""
-        offset, length = self.entries(index)[self.position]
+        offset, length = (int(n) for n in self.entries(index)[self.position])  # no wrapping
         if offset == _MISSING and length == _MISSING:
             return None
+        if offset == _MISSING or length == _MISSING:
+            raise DecodeError(f"a shard index entry ({offset}, {length}) missing one field")
         if offset + length > shard_size:
             raise DecodeError(f"an inner chunk at {offset}+{length} past the shard's end")
         if length > self.inner.max_raw_size:
             raise DecodeError(f"an inner chunk of {length} bytes, over {self.inner.max_raw_size}")
-        return int(offset), int(length)
+        return offset, length
 
     def run(self, index: Buffer, shard_size: int) -> Run | None:
         """This inner chunk's run: the shard's written inner chunks in the order of their
@@ -224,17 +226,20 @@ class ShardDecoder:
         if not len(at):
             return None
         first = int(at[0]) - int(at[0]) % RUN
-        positions = ordered[first : first + RUN]
-        members = rows[positions]
-        start, end = int(members[0, 0]), int(members[-1, 0] + members[-1, 1])
-        back_to_back = end - start == int(members[:, 1].sum())
-        if not back_to_back or end - start > RUN_BYTES or end > shard_size:
+        positions = ordered[first : first + RUN].tolist()
+        members = rows[positions].tolist()  # Python integers: sums never wrap
+        start = end = members[0][0]
+        for offset, length in members:
+            if offset != end or offset == _MISSING or length == _MISSING:
+                return None  # a gap, an overlap, or a half-missing entry (refused by its read)
+            if length > self.inner.max_raw_size:
+                return None  # the one too long is refused by its own read
+            end = offset + length
+        if end - start > RUN_BYTES or end > shard_size:
             return None
-        if int(members[:, 1].max()) > self.inner.max_raw_size:
-            return None  # the one too long is refused by its own read
         spans = tuple(
-            (int(p), int(o) - start, int(n))
-            for p, (o, n) in zip(positions.tolist(), members.tolist(), strict=True)
+            (p, offset - start, length)
+            for p, (offset, length) in zip(positions, members, strict=True)
         )
         return Run(start, end, spans)
 

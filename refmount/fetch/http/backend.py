@@ -39,11 +39,12 @@ from __future__ import annotations
 import email.utils
 import errno
 import functools
+import ipaddress
 import logging
 import re
 import ssl
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import NamedTuple
 from urllib.parse import urlsplit
@@ -93,7 +94,7 @@ class _Target(NamedTuple):
 def target_of(scheme: str, host: str, port: int, path: str) -> _Target | None:
     """A request's target, or None for one this client leaves to the fallback (a path
     that is not plain ASCII, a host reached through a proxy)."""
-    if not host or _HOST.fullmatch(host) is None:
+    if not host or _HOST.fullmatch(host) is None or not _resolvable(host):
         return None
     if not path.isascii() or any(c <= " " or c == "\x7f" for c in path):
         return None
@@ -103,6 +104,23 @@ def target_of(scheme: str, host: str, port: int, path: str) -> _Target | None:
     if port != _DEFAULT_PORTS[scheme]:
         shown = f"{shown}:{port}"
     return _Target(host, port, path.encode("ascii"), shown)
+
+
+def _resolvable(host: str) -> bool:
+    """Whether ``host`` is a name (or address) as ``ssl`` and the resolver take it: no
+    leading dot, no empty label but a final one, none longer than 63 characters.  Python's
+    ``ssl`` refuses any other ``server_hostname``, and trio hands an ASCII name to the
+    resolver without that check."""
+    try:
+        if ":" in host:
+            ipaddress.IPv6Address(host)
+        elif host.startswith("."):
+            return False
+        else:
+            host.encode("idna")
+    except ValueError:  # UnicodeError is one
+        return False
+    return True
 
 
 @lru_cache(maxsize=REDIRECTS_KEPT)
@@ -150,6 +168,7 @@ def request_head(
         fields += s3.extra_headers()
         if signer is not None:
             fields += signer.headers("GET", target.path.decode("ascii"), fields)
+            _check_signable(fields)
     lines = [b"GET " + target.path + b" HTTP/1.1"]
     for name, value in fields:
         problem = header_text.name_problem(name) or header_text.value_problem(value)
@@ -341,12 +360,25 @@ def _range_length(head: Head, start: int, end: int, length: int) -> int:
 
 def _modified(head: Head) -> object:
     value = head.get("last-modified")
-    if value is None:
+    if value is None or not value.isascii():  # a date of ASCII digits only
         return None
     try:
         return email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
         return None
+
+
+def _check_signable(fields: Sequence[tuple[str, str]]) -> None:
+    """FetchError for a header that a signed (SigV4) request cannot carry: one whose value
+    is not ASCII.  SigV4 signs the UTF-8 of a value while HTTP sends its Latin-1 bytes,
+    so the store would answer 403 to a signature over other bytes, naming no header.
+    Options are refused at start (:func:`refmount.options.check_signed`); this is for
+    what comes from the environment (``AWS_SESSION_TOKEN``)."""
+    for name, value in fields:
+        if not value.isascii():
+            shown = header_text.escaped(name, 40)
+            raise FetchError(f"HTTP header {shown!r}: not ASCII, cannot be signed (SigV4): "
+                             "not sent", errno.EIO)  # fmt: skip
 
 
 def _checked_headers(headers: Mapping[str, str]) -> dict[str, str]:

@@ -19,11 +19,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from refmount.fetch.digits import ascii_decimal
+
 #: The largest head accepted, status line and headers together.
 MAX_HEAD = 64 << 10
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: [^\r\n]*)?")
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_CONTENT_RANGE = re.compile(r"bytes (\d{1,19})-(\d{1,19})/(\d{1,19}|\*)")
+_CONTENT_RANGE = re.compile(r"bytes ([0-9]{1,19})-([0-9]{1,19})/([0-9]{1,19}|\*)")
 #: What no header value holds: a bare CR or LF (another line hidden in this one), NUL.
 _BAD_IN_VALUE = re.compile(rb"[\r\n\x00]")
 #: Interim (1xx) answers skipped before the final one; more is a server that never answers.
@@ -79,10 +81,10 @@ class Head:
         value = self.headers.get("content-length")
         if value is None:
             return None
-        values = {v.strip() for v in value.split(",")}
-        if len(values) != 1 or not (only := values.pop()).isdigit() or len(only) > 19:
+        values = {v.strip(" \t") for v in value.split(",")}
+        if len(values) != 1 or (length := ascii_decimal(values.pop())) is None:
             raise ProtocolError(f"Content-Length {value[:40]!r}")
-        return int(only)
+        return length
 
     def content_range(self) -> tuple[int, int, int | None] | None:
         """``(first, last, total)`` of a 206's ``Content-Range`` (``total`` None for
@@ -90,7 +92,7 @@ class Head:
         value = self.headers.get("content-range")
         if value is None:
             return None
-        match = _CONTENT_RANGE.fullmatch(value.strip())
+        match = _CONTENT_RANGE.fullmatch(value.strip(" \t"))
         if match is None:
             raise ProtocolError(f"Content-Range {value[:60]!r}")
         first, last, total = match.groups()

@@ -1,13 +1,16 @@
-"""TLS for refmount's HTTP client: a non-blocking ``ssl.SSLSocket`` driven by trio.
+"""TLS for refmount's HTTP client: an ``ssl.SSLObject`` over memory BIOs, driven by trio.
 
-trio's own ``SSLStream`` runs TLS through a memory BIO: every receive becomes a bytes
-object, is copied into the BIO, and copied out again by ``SSLObject.read``; it has no
-``recv_into``.  Here OpenSSL reads the socket itself and ``SSL_read`` decrypts each
-record straight into the caller's buffer (the part's own bytearray): no Python object
-per record, no copy.  When OpenSSL needs the socket, the task waits for it with
-``trio.lowlevel.wait_readable`` / ``wait_writable`` (``SSLWantReadError`` /
-``SSLWantWriteError``, which a renegotiation or a TLS 1.3 key update can raise either
-way round).
+OpenSSL reading a socket itself reads each TLS record with two ``read()`` calls, its
+5-byte header and then its body: a 256 KiB chunk is 32 system calls (140,000 ``read()``
+calls a GB over https against 12,000 over http, ``bench/README.md``).  Here the socket
+is read by this module, in large ``recv_into`` calls into one reused buffer (every
+record the kernel holds, up to :data:`RECEIVE` bytes, in one call), handed to OpenSSL's
+incoming memory BIO, and ``SSL_read`` decrypts each record straight into the caller's
+buffer (the part's own bytearray).  No ctypes, no pointer into CPython's objects: what
+OpenSSL holds and the caller has not read yet (decrypted, or still in the BIO) is known
+exactly (:meth:`TlsStream.pending`), where the connection's ``quiet`` check looks for
+bytes a server sent that nobody asked for.  trio's own ``SSLStream`` also uses memory
+BIOs, but receives into a new bytes object per call and has no ``recv_into``.
 
 A connection closed by the server mid-answer, with or without ``close_notify``, reads as
 0 bytes here, and the HTTP layer, which knows the body's length, refuses it (never short
@@ -24,51 +27,49 @@ from typing import Any
 
 import trio
 
-from refmount.fetch.http import readahead
 from refmount.fetch.trust import CertificateError, openssl_reason
 
 #: Bytes read without waiting before the task yields once to the loop anyway: a body
 #: already in the socket buffer is decrypted record after record without a wait.
 _YIELD_EVERY = 1 << 20
+#: The most ciphertext taken from the socket in one call.
+RECEIVE = 256 << 10
 
 
 class TlsStream:
     """One TLS connection: ``send_all`` and ``recv_into`` as the HTTP layer uses them."""
 
-    def __init__(self, tls: ssl.SSLSocket) -> None:
+    def __init__(self, raw: socket.socket, tls: ssl.SSLObject, incoming: ssl.MemoryBIO,
+                 outgoing: ssl.MemoryBIO) -> None:  # fmt: skip
+        self._raw = raw
         self._tls = tls
+        self._incoming = incoming
+        self._outgoing = outgoing
+        self._ciphertext = bytearray(RECEIVE)
         self._unyielded = 0
-        #: The connection's ``SSL`` pointer when OpenSSL reads ahead on it (see
-        #: :mod:`.readahead`), else None.
-        self._ahead: int | None = None
 
     @classmethod
     async def open(cls, host: str, port: int, context: ssl.SSLContext) -> TlsStream:
         """A verified TLS connection to ``host``; :class:`CertificateError` when its
         certificate is not trusted or not for ``host``."""
         stream = await trio.open_tcp_stream(host, port)  # TCP_NODELAY, happy eyeballs
-        raw = socket.socket(fileno=stream.socket.detach())
-        raw.setblocking(False)
-        tls = context.wrap_socket(
-            raw, server_hostname=host, do_handshake_on_connect=False, suppress_ragged_eofs=True
-        )
-        self = cls(tls)
+        self = wrap(socket.socket(fileno=stream.socket.detach()), host, context)
         try:
-            await self._retry(_handshake, tls)
+            await self._retry(self._tls.do_handshake)
         except ssl.SSLCertVerificationError as exc:
             self.close()
             raise CertificateError(f"{host}:{port}", openssl_reason(exc)) from None
         except BaseException:
             self.close()
             raise
-        self._ahead = readahead.enable(tls)
         return self
 
     async def send_all(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            sent = await self._retry(self._tls.send, view)
-            view = view[sent:]
+            written = self._tls.write(view)
+            view = view[written:]
+            await self._flush()
 
     async def recv_into(self, into: memoryview) -> int:
         """Up to ``len(into)`` bytes into ``into``: every TLS record that can be read
@@ -84,47 +85,70 @@ class TlsStream:
         tls, size, got = self._tls, len(into), 0
         while got < size:
             try:
-                n = tls.recv_into(into[got:] if got else into)
+                n = tls.read(size - got, into[got:] if got else into)
             except ssl.SSLWantReadError:
+                if self._outgoing.pending:
+                    await self._flush()  # a key update's answer
+                if self._receive():
+                    continue
                 if got:
                     break  # what came so far; the caller asks again for the rest
-                await trio.lowlevel.wait_readable(tls)
+                await trio.lowlevel.wait_readable(self._raw)
                 self._unyielded = 0
                 continue
-            except ssl.SSLWantWriteError:  # a renegotiation or key update mid-read
-                if got:
-                    break
-                await trio.lowlevel.wait_writable(tls)
-                self._unyielded = 0
-                continue
-            except ssl.SSLZeroReturnError:
-                break  # close_notify: the server is done (0 if nothing came before it)
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                break  # closed, with close_notify or without (0 if nothing came before)
             if n == 0:
-                break  # closed without close_notify
+                break
             got += n
         self._unyielded += got
         return got
 
-    async def _retry(self, call: Callable[..., int], *args: Any) -> int:
-        """``call(*args)``, waiting for the socket whenever OpenSSL asks to."""
+    def _receive(self) -> bool:
+        """Ciphertext the socket holds now, into the incoming BIO (at its end, the end of
+        the stream); False when there is none yet."""
+        try:
+            n = self._raw.recv_into(self._ciphertext)
+        except (BlockingIOError, InterruptedError):
+            return False
+        if n == 0:
+            self._incoming.write_eof()
+        else:
+            with memoryview(self._ciphertext) as view:
+                self._incoming.write(view[:n])
+        return True
+
+    async def _flush(self) -> None:
+        """Send what OpenSSL has written to the outgoing BIO."""
+        view = memoryview(self._outgoing.read())
+        while view:
+            try:
+                sent = self._raw.send(view)
+            except (BlockingIOError, InterruptedError):
+                await trio.lowlevel.wait_writable(self._raw)
+                continue
+            view = view[sent:]
+
+    async def _retry(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)``, feeding OpenSSL the socket's bytes whenever it asks for more."""
         while True:
             try:
-                return call(*args)
+                result = call(*args)
             except ssl.SSLWantReadError:
-                await trio.lowlevel.wait_readable(self._tls)
-            except ssl.SSLWantWriteError:
-                await trio.lowlevel.wait_writable(self._tls)
-            self._unyielded = 0
+                await self._flush()
+                if not self._receive():
+                    await trio.lowlevel.wait_readable(self._raw)
+                continue
+            await self._flush()
+            return result
 
     def fileno(self) -> int:
-        return self._tls.fileno()
+        return self._raw.fileno()
 
     def pending(self) -> bool:
-        """Whether OpenSSL holds bytes that were not read yet: decrypted ones, or, when it
-        reads ahead, any it has taken from the socket."""
-        if self._tls.pending():
-            return True
-        return self._ahead is not None and readahead.has_pending(self._ahead)
+        """Whether OpenSSL holds bytes not read yet: decrypted ones, or ciphertext taken
+        from the socket and not yet decrypted."""
+        return bool(self._tls.pending() or self._incoming.pending)
 
     def close(self) -> None:
         """Close the socket; inside trio tell it first (a task may wait on it)."""
@@ -133,10 +157,19 @@ class TlsStream:
         except RuntimeError:
             pass
         else:
-            trio.lowlevel.notify_closing(self._tls)
-        self._tls.close()
+            trio.lowlevel.notify_closing(self._raw)
+        self._raw.close()
 
 
-def _handshake(tls: ssl.SSLSocket) -> int:
-    tls.do_handshake()
-    return 0
+def wrap(raw: socket.socket, host: str, context: ssl.SSLContext) -> TlsStream:
+    """A TLS connection to ``host`` over ``raw`` (connected), before its handshake.
+    When ``wrap_bio`` raises (a name ``ssl`` refuses, no memory), ``raw`` is closed
+    here, not left to the garbage collector."""
+    try:
+        raw.setblocking(False)
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = context.wrap_bio(incoming, outgoing, server_hostname=host)
+    except BaseException:
+        raw.close()
+        raise
+    return TlsStream(raw, tls, incoming, outgoing)

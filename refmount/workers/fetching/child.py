@@ -22,6 +22,7 @@ import trio
 from refmount.fetch.backend import Backend
 from refmount.fetch.http import HttpBackend
 from refmount.fetch.obstore_backend import make_backend
+from refmount.fetch.trust import remove_private_directory
 from refmount.workers.fetching.protocol import (
     CANCEL,
     CANCELLED,
@@ -192,6 +193,7 @@ def main(argv: list[str]) -> None:
     trio.run(serve, 0, replies)
     # The daemon is gone: leave without finalizing obstore's runtime threads (see
     # obstore_backend.SETTLE_SECONDS), and without waiting for requests it no longer wants.
+    remove_private_directory()
     os._exit(0)
 
 

@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 
 #: A string array of the netCDF view (:data:`refmount.netcdf.survey.STRINGS`).
 STRINGS_NOTE = "char array, as wide as its longest value when mounted"
+#: A 64-bit integer array of the netCDF view (``by_values``: netcdf/wide.py).
+BY_VALUES_NOTE = (
+    "64-bit integers: the mount reads their values to choose (a time's unit and type; "
+    "with auto, CDF-5 for a time, left out for others, when no exact CDF-2 type holds them)"
+)
 
 
 @dataclass
@@ -406,6 +411,8 @@ def _netcdf_lines(found: dict[str, Any]) -> list[str]:
         lines.append(f"    {made['name']:<32} {made['format']}: {names}")
     for array in found["strings"]:
         lines.append(f"    {array:<32} {STRINGS_NOTE}")
+    for array in found.get("by_values", []):
+        lines.append(f"    {array:<32} {BY_VALUES_NOTE}")
     return lines
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import errno
 import itertools
+import math
 import weakref
 from collections.abc import Iterator
 
@@ -71,7 +72,9 @@ class NetcdfReads:
         """The netCDF view of ``raw``, whose files this reads; ``name.nc`` its root's."""
         serial = next(self._serials)
         decoded = self.decoded.view(raw)
-        view = NetcdfRefSet(decoded, serial, name, self.choice, closing=self.ahead.forget)
+        view = NetcdfRefSet(
+            decoded, serial, name, self.choice, closing=self.ahead.forget, read=self.every_value
+        )
         self._views[view.serial] = view
         return view
 
@@ -118,7 +121,7 @@ class NetcdfReads:
             data_end = variable.begin + variable.data_size
             low, high = max(start, variable.begin), min(end, data_end)
             if low < high:
-                size = source.kind.served.itemsize
+                size = source.kind.itemsize
                 first = (low - variable.begin) // size
                 last = -(-(high - variable.begin) // size)
                 values = await self._values(view, source, first, last)
@@ -135,6 +138,17 @@ class NetcdfReads:
         self, view: NetcdfRefSet, source: Source, first: int, last: int
     ) -> memoryview:
         """Elements ``first`` to ``last`` of a variable, as the file's bytes."""
+        return source.kind.convert(await self._served(view, source, first, last))
+
+    async def every_value(self, view: NetcdfRefSet, source: Source) -> np.ndarray:
+        """Every element of a variable as served (C order): how its 64-bit integers are
+        written is decided from them (:mod:`refmount.netcdf.wide`)."""
+        return await self._served(view, source, 0, math.prod(source.shape))
+
+    async def _served(
+        self, view: NetcdfRefSet, source: Source, first: int, last: int
+    ) -> np.ndarray:
+        """Elements ``first`` to ``last`` of a variable, as served."""
         runs = boxes(source.shape, first, last)
         wanted = {index for box in runs for index in chunk_indices(box, source.chunks)}
         chunks = await self._chunks(view, source, wanted)
@@ -150,7 +164,7 @@ class NetcdfReads:
                 chunk = chunks[index]
                 target[into] = fill if chunk is None else chunk[out_of]
             at += count
-        return source.kind.convert(values)
+        return values
 
     async def _chunks(
         self, view: NetcdfRefSet, source: Source, wanted: set[tuple[int, ...]]
@@ -203,7 +217,7 @@ def _chunks_of(made: NcFile, start: int, end: int) -> Iterator[tuple[Source, tup
         high = min(end, variable.begin + variable.data_size) - variable.begin
         if low >= high:
             continue
-        size = source.kind.served.itemsize
+        size = source.kind.itemsize
         for box in boxes(source.shape, low // size, -(-high // size)):
             for index in chunk_indices(box, source.chunks):
                 yield source, index

@@ -14,12 +14,16 @@ _VERSIONS = {1: "classic", 2: "64bit-offset", 5: "cdf5"}
 
 
 async def survey(raw: RefSet, name: str, choice: str) -> dict[str, Any]:
-    """``{"files": [...], "strings": [...], "left_out": {array: why}, "error": ...}``."""
+    """``{"files": [...], "strings": [...], "left_out": {array: why}, "by_values":
+    [...], "error": ...}``: ``by_values`` the 64-bit integer arrays the mount writes as
+    their values say (a CF time's unit; CDF-5 for a time no ``int`` holds; left out of a
+    CDF-2 file, with ``auto``, if a value has no exact double), which this does not
+    read."""
     view = DecodedRefSet(raw, serial=0, fixed_strings=True)
     try:
         files = await build(view, name, choice)
     except FetchError as exc:
-        return {"files": [], "strings": [], "left_out": {}, "error": str(exc)}
+        return {"files": [], "strings": [], "left_out": {}, "by_values": [], "error": str(exc)}
     strings = sorted(path for path in files.left_out if view.string_array(path))
     return {
         "files": [
@@ -32,5 +36,6 @@ async def survey(raw: RefSet, name: str, choice: str) -> dict[str, Any]:
         ],
         "strings": strings,
         "left_out": {p: why for p, why in sorted(files.left_out.items()) if p not in strings},
+        "by_values": sorted(files.unread),
         "error": None,
     }

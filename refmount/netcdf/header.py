@@ -72,11 +72,12 @@ class Attribute:
 
 @dataclass(frozen=True)
 class Dimension:
-    """A dimension; one of length 0 is the record dimension (UNLIMITED), with no records
-    (``Header.numrecs`` 0)."""
+    """A dimension; the ``unlimited`` one (or one of length 0, with no records) is the
+    record dimension, written with length 0, its length the header's ``numrecs``."""
 
     name: str
     length: int
+    unlimited: bool = False
 
 
 @dataclass
@@ -131,7 +132,11 @@ class Header:
         out = _Writer(self.version)
         out.raw(b"CDF" + bytes([self.version]))
         out.count(self.numrecs)
-        out.list(_DIMENSION, self.dimensions, lambda d: (out.name(d.name), out.count(d.length)))
+        out.list(
+            _DIMENSION,
+            self.dimensions,
+            lambda d: (out.name(d.name), out.count(0 if d.unlimited else d.length)),
+        )
         out.attributes(self.attributes)
         out.list(_VARIABLE, self.variables, out.variable)
         return out.bytes()
@@ -210,8 +215,9 @@ def lay_out(header: Header, data_at: int = 0, block: int = 4) -> bytes:
     after it: no block (the kernel's pages, netCDF-C's reads of ``st_blksize``) holds
     another variable's bytes and one of its own, so a read of it that fails fails no
     other variable's read (a page the kernel read ahead with it is read again alone).
-    Record variables (all after the fixed ones in the header) follow, their records
-    interleaved: record ``r`` of a variable at ``begin + r * recsize``."""
+    Record variables (anywhere in the header) follow the fixed ones' values, in header
+    order, their records interleaved: record ``r`` of a variable at
+    ``begin + r * recsize``."""
     _check(header)
     # Begins are fixed-width: the header's size does not depend on them.
     at = max(len(header.encoded()), data_at)

@@ -43,9 +43,9 @@ from refmount.netcdf.header import (
     fits,
     lay_out,
 )
-from refmount.netcdf.options import SUFFIX
+from refmount.netcdf.options import NO_RECORD_DIM, SUFFIX
 from refmount.netcdf.types import FileType, TypeRefused, attribute, file_type, fill_attribute
-from refmount.netcdf.wide import Wide, plan
+from refmount.netcdf.wide import Wide, plan, time_unit
 from refmount.refs.model import BLOCK_SIZE
 
 log = logging.getLogger(__name__)
@@ -126,8 +126,19 @@ class NcFile:
         return header_block(len(self.text))
 
     @functools.cached_property
+    def fixed(self) -> list[int]:
+        """The fixed variables (their indices), in header order: file order."""
+        return [i for i, variable in enumerate(self.header.variables) if not variable.record]
+
+    @functools.cached_property
+    def records(self) -> list[int]:
+        """The record variables, in header order: their order in each record."""
+        return [i for i, variable in enumerate(self.header.variables) if variable.record]
+
+    @functools.cached_property
     def begins(self) -> list[int]:
-        return [variable.begin for variable in self.header.variables]
+        """The fixed variables' ``begin``s, increasing."""
+        return [self.header.variables[i].begin for i in self.fixed]
 
 
 @dataclass
@@ -178,13 +189,17 @@ ReadSource = Callable[[Source], Awaitable[np.ndarray]]
 
 
 async def build(
-    view: DecodedRefSet, name: str, choice: str, read: ReadSource | None = None
+    view: DecodedRefSet,
+    name: str,
+    choice: str,
+    read: ReadSource | None = None,
+    record_dim: str | None = None,
 ) -> Files:
     """The files of ``view`` (``name`` the root file's name, ``choice`` the format); the
     root group's is always the first (:data:`refmount.netcdf.options.ROOT_FILE_ID`).
     ``read`` reads the values of 64-bit integer variables to decide how they are written
     (:mod:`refmount.netcdf.wide`; without it every value is taken to have an exact
-    double)."""
+    double); ``record_dim`` is ``--netcdf-record-dim``."""
     found, left_out = await groups(view)
     files = Files([], left_out)
     for group, arrays in found.items():
@@ -201,7 +216,9 @@ async def build(
             found_plan = await _wide(path, array, document, read)
             if found_plan is not None:
                 wide[path] = found_plan
-        made, refused = _file(file_key(name, group), global_attributes, described, choice, wide)
+        made, refused = _file(
+            file_key(name, group), global_attributes, described, choice, wide, record_dim
+        )
         files.files.append(made)
         files.left_out.update(refused)
         files.unread += [path for path, how in wide.items() if not how.checked]
@@ -269,6 +286,7 @@ def _file(
     arrays: list[tuple[str, Array, dict[str, Any]]],
     choice: str,
     wide: dict[str, Wide] | None = None,
+    record_dim: str | None = None,
 ) -> tuple[NcFile, dict[str, str]]:
     """The file of one group, and its arrays netCDF classic has no place for."""
     wide = wide or {}
@@ -283,7 +301,7 @@ def _file(
         )
         versions = [5]
     for version in versions:
-        builder = _Builder(version == 5, wide, refuse_inexact=choice == "auto")
+        builder = _Builder(version == 5, wide, refuse_inexact=choice == "auto", record=record_dim)
         header = builder.header(version, global_attributes, arrays)
         if version != versions[-1] and not fits(header):
             continue
@@ -299,10 +317,20 @@ def _file(
 
 class _Builder:
     """``wide`` says how 64-bit integer arrays are written; ``refuse_inexact`` leaves out
-    of a CDF-1/2 file those whose values are not all exact doubles."""
+    of a CDF-1/2 file those whose values are not all exact doubles; ``record`` is
+    ``--netcdf-record-dim``."""
 
-    def __init__(self, cdf5: bool, wide: dict[str, Wide], *, refuse_inexact: bool) -> None:
+    def __init__(
+        self,
+        cdf5: bool,
+        wide: dict[str, Wide],
+        *,
+        refuse_inexact: bool,
+        record: str | None = None,
+    ) -> None:
         self.cdf5 = cdf5
+        self.record = record
+        self.documents: list[dict[str, Any]] = []
         self.wide = wide
         self.refuse_inexact = refuse_inexact
         self.dimensions: list[Dimension] = []
@@ -324,12 +352,48 @@ class _Builder:
             except TypeRefused as exc:
                 self.left_out[path] = str(exc)
                 log.warning("array %r is left out of the netCDF file: %s", path, exc)
-        # Record variables after the fixed ones, as netCDF-C lays them out.
-        order = sorted(range(len(variables)), key=lambda i: variables[i].record)
-        variables = [variables[i] for i in order]
-        self.sources = [self.sources[i] for i in order]
+        numrecs = self._records(variables)
         attributes = self._attributes("", global_attributes)
-        return Header(version, self.dimensions, attributes, variables)
+        return Header(version, self.dimensions, attributes, variables, numrecs=numrecs)
+
+    def _records(self, variables: list[Variable]) -> int:
+        """Make the record dimension, if there is one (a 0-length dimension is already),
+        and return its length.  It is ``--netcdf-record-dim``'s, or the first dimension
+        that is a CF time axis (its coordinate variable's ``units`` "... since ...",
+        ``axis`` T or ``standard_name`` time), if every variable using it has it first
+        and none may fail its reads (its records would share blocks with the others')."""
+        if self.record_dimension is not None or self.record == NO_RECORD_DIM:
+            return 0
+        chosen = self._ids.get(self.record) if self.record else self._time_axis(variables)
+        if chosen is None:
+            return 0
+        dimension = self.dimensions[chosen]
+        users = [v for v in variables if chosen in v.dimids]
+        not_first = [v.name for v in users if v.dimids[0] != chosen]
+        failing = [v.name for v in users if v.isolated]
+        if not_first or failing:
+            log.info(
+                "dimension %r is not made the record dimension: %s",
+                dimension.name,
+                f"not the first of {not_first}" if not_first else f"{failing} may fail",
+            )
+            return 0
+        for variable in users:
+            variable.record = True
+        self.dimensions[chosen] = Dimension(dimension.name, dimension.length, unlimited=True)
+        self.record_dimension = chosen
+        return dimension.length
+
+    def _time_axis(self, variables: list[Variable]) -> int | None:
+        """The first dimension whose coordinate variable is a CF time axis."""
+        axes = {
+            variable.dimids[0]
+            for variable, document in zip(variables, self.documents, strict=True)
+            if len(variable.dimids) == 1
+            and self.dimensions[variable.dimids[0]].name == variable.name
+            and _time_axis(document)
+        }
+        return min(axes, default=None)
 
     def _resolve(self, name: str, length: int) -> tuple[str, int | None]:
         """The name dimension ``name`` of ``length`` takes, and its id if it exists."""
@@ -421,6 +485,7 @@ class _Builder:
             file_shape = (*shape, kind.width)
         if wide.units is not None:
             document = {**document, "units": wide.units}
+        self.documents.append(document)
         if wide.narrow and wide.keep is not None and "_FillValue" not in document:
             # NaT is written as int's default fill: readers must be told (xarray masks
             # only what _FillValue names)
@@ -463,6 +528,15 @@ class _Builder:
         if kind is not None and kind.unsigned and "_Unsigned" not in document:
             out.append(attribute("_Unsigned", "true", cdf5=self.cdf5))
         return out
+
+
+def _time_axis(document: dict[str, Any]) -> bool:
+    """Whether a coordinate variable's attributes say it is a CF time axis."""
+    return (
+        time_unit(document) is not None
+        or document.get("axis") == "T"
+        or document.get("standard_name") == "time"
+    )
 
 
 def _text(array: Array) -> bool:

@@ -33,7 +33,7 @@ class NetcdfRefSet(RefSet):
     """``decoded`` as netCDF files; ``name`` names the root group's file, ``choice`` is
     ``--netcdf-format``; ``closing`` is told when the view closes (its read-ahead
     stops); ``read`` reads a variable's every value (to decide how 64-bit integers are
-    written)."""
+    written); ``record_dim`` is ``--netcdf-record-dim``."""
 
     def __init__(
         self,
@@ -44,6 +44,7 @@ class NetcdfRefSet(RefSet):
         *,
         closing: Callable[[NetcdfRefSet], None] = lambda view: None,
         read: Callable[[NetcdfRefSet, Source], Awaitable[np.ndarray]] | None = None,
+        record_dim: str | None = None,
     ) -> None:
         self.decoded = decoded
         self.raw = decoded.raw
@@ -56,6 +57,7 @@ class NetcdfRefSet(RefSet):
         self._building: trio.Lock | None = None
         self._closing = closing
         self._read = read
+        self.record_dim = record_dim
         self.closed = False
 
     async def files(self) -> Files:
@@ -67,7 +69,7 @@ class NetcdfRefSet(RefSet):
         async with self._building:
             if self._files is None:
                 read = None if self._read is None else functools.partial(self._read, self)
-                files = await build(self.decoded, self.name, self.choice, read)
+                files = await build(self.decoded, self.name, self.choice, read, self.record_dim)
                 self._ids = {f.key: i for i, f in enumerate(files.files)}
                 self._files = files
         return self._files

@@ -599,7 +599,7 @@ def test_s3_requests_as_sent(anon: bool, raw_server: Callable[[Answer], RawServe
 def test_fsspec_for_gcs_and_azure_says_the_ca_bundle_does_not_reach_it(
     protocol: str, certificates: Certificates, no_trust_env: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """gcsfs and adlfs take no CA bundle (README, TLS and certificates): where fsspec
+    """gcsfs and adlfs take no CA bundle (docs/stores.md, TLS and certificates): where fsspec
     serves them, the log says the bundle is not trusted for their hosts; where obstore
     serves them it is (its root certificates), and nothing is said."""
     from refmount.fetch.obstore_backend import make_backend

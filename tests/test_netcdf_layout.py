@@ -95,7 +95,7 @@ def test_auto_makes_the_issue_set_cdf5_and_xarray_reads_its_datetimes(
     with netCDF4.Dataset(path) as ds:
         assert ds.file_format == "NETCDF3_64BIT_DATA"
         assert ds["time"].units == "milliseconds since 1970-01-01T00:00:00"
-        assert ds["time"].dtype == np.int64
+        assert ds["time"].dtype == np.int64 and ds["time"]._FillValue == -(1 << 63)  # NaT
         assert ds["counter"][:].tolist() == [1, 2, BIG]
     assert "the file is CDF-5, the times int64" in mounted.log()
     with xarray.open_dataset(path) as ds:

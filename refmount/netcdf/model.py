@@ -486,9 +486,9 @@ class _Builder:
         if wide.units is not None:
             document = {**document, "units": wide.units}
         self.documents.append(document)
-        if wide.narrow and wide.keep is not None and "_FillValue" not in document:
-            # NaT is written as int's default fill: readers must be told (xarray masks
-            # only what _FillValue names)
+        if wide.time and wide.keep is not None and "_FillValue" not in document:
+            # a time's fill value (NaT), in the variable's type (int's default fill for
+            # a time written as int): xarray masks only what _FillValue names
             document = {**document, "_FillValue": wide.keep}
         attributes = self._attributes(path, document, kind)
         if kind.width is not None and _text(array) and ENCODING not in document:

@@ -147,6 +147,12 @@ def test_auto_writes_hourly_times_as_int_hours_and_leaves_the_inexact_counter_ou
         assert ds["time"].values.tolist() == when.tolist()  # NaT included
     with scipy.io.netcdf_file(path, mmap=False) as f:
         assert f.variables["time"][:].tolist()[0] == hours[0]
+    # refmount check reads no values: it names the arrays the mount decides by them
+    done = subprocess.run(
+        [*REFMOUNT, "check", "--netcdf", "--json", str(refs)],
+        capture_output=True, text=True, timeout=120, env=child_env(),
+    )  # fmt: skip
+    assert json.loads(done.stdout)["netcdf"]["by_values"] == ["counter", "exact", "time"]
     # the choice is the values': the same after a reload
     mounted.process.send_signal(1)
     with netCDF4.Dataset(path) as ds:

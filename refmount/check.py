@@ -119,6 +119,7 @@ class CheckOptions:
     netcdf: bool = False
     netcdf_format: str = "auto"
     netcdf_name: str | None = None
+    netcdf_record_dim: str | None = None
     icechunk: bool = False
     branch: str | None = None
     tag: str | None = None
@@ -170,7 +171,15 @@ def check(options: CheckOptions, progress: Any = None) -> Report:
                 from refmount.netcdf.survey import survey as netcdf_survey
 
                 name = options.netcdf_name or default_name(options.refs)
-                report.netcdf = trio.run(netcdf_survey, refset, name, options.netcdf_format)
+                report.netcdf = trio.run(
+                    partial(
+                        netcdf_survey,
+                        refset,
+                        name,
+                        options.netcdf_format,
+                        record_dim=options.netcdf_record_dim,
+                    )
+                )
         finally:
             refset.close()
         if options.probe:
@@ -408,7 +417,9 @@ def _netcdf_lines(found: dict[str, Any]) -> list[str]:
     lines = [f"  netCDF view       {len(found['files']):,} files"]
     for made in found["files"]:
         names = ", ".join(made["variables"]) or "-"
-        lines.append(f"    {made['name']:<32} {made['format']}: {names}")
+        records = made.get("record_dimension")
+        along = f" (records along {records})" if records else ""
+        lines.append(f"    {made['name']:<32} {made['format']}{along}: {names}")
     for array in found["strings"]:
         lines.append(f"    {array:<32} {STRINGS_NOTE}")
     for array in found.get("by_values", []):

@@ -15,7 +15,7 @@ import netCDF4
 import numpy as np
 import xarray
 
-from tests.support.mounting import Mounted
+from tests.support.mounting import REFMOUNT, Mounted, child_env
 from tests.support.nginx import NginxServer
 from tests.test_netcdf import chunk, data_section, ncdump, zarray
 from tests.test_netcdf_catalog import STEPS, time_slices
@@ -74,6 +74,14 @@ def test_a_time_axis_is_the_record_dimension_and_ncrcat_gives_the_series(
     with xarray.open_dataset(served) as ds, xarray.open_dataset(classic) as original:
         assert ds["time"].values.tolist() == original["time"].values.tolist()
         np.testing.assert_array_equal(ds["temp"].values, original["temp"].values)
+    # refmount check shows the record dimension the mount makes, or none when asked
+    for args, expected_dim in (([], "time"), (["--netcdf-record-dim", "none"], None)):
+        done = subprocess.run(
+            [*REFMOUNT, "check", "--netcdf", "--json", *args, str(catalog / "run02.json")],
+            capture_output=True, text=True, timeout=120, env=child_env(),
+        )  # fmt: skip
+        (made,) = json.loads(done.stdout)["netcdf"]["files"]
+        assert made["record_dimension"] == expected_dim, done.stdout
     # ncrcat concatenates the catalog's files along the record dimension: the series
     series = tmp_path / "series.nc"
     run("ncrcat", "-O", *sorted(str(p) for p in root.glob("run*.nc")), str(series))

@@ -219,3 +219,4 @@ def test_zero_length_arrays_are_the_record_dimension_or_left_out_named(
     assert sorted(left_out) == ["g/flat", "g/nothing", "g/other"], done.stdout
     assert "other than the first" in left_out["g/flat"]
     assert "a second dimension of length 0" in left_out["g/other"]
+    assert "has no size" in left_out["g/nothing"]  # |S0

@@ -421,15 +421,11 @@ class _Builder:
             )
         return self._ids[resolved]
 
-    def _empty(self, names: list[str], shape: tuple[int, ...], width: int | None) -> bool:
+    def _empty(self, names: list[str], shape: tuple[int, ...]) -> bool:
         """Whether a variable is a record variable of no records (its first dimension,
         of length 0, the file's record dimension), or :class:`TypeRefused` for a
         dimension of length 0 netCDF classic cannot hold: a dimension of length 0 is
         the record dimension, a file has one, and it is a variable's first."""
-        if width == 0:
-            raise TypeRefused(
-                "strings of width 0 (|S0): netCDF classic has no char dimension of length 0"
-            )
         zeros = [i for i, n in enumerate(shape) if n == 0]
         if not zeros:
             return False
@@ -475,7 +471,7 @@ class _Builder:
         elif not (isinstance(names, list) and len(names) == len(shape)):
             names = [f"{name}_dim{i}" for i in range(len(shape))]
         names = [str(n) or f"{name}_dim{i}" for i, n in enumerate(names)]
-        record = self._empty(names, shape, kind.width)
+        record = self._empty(names, shape)
         dimids = [self._dimension(n, length, path) for n, length in zip(names, shape, strict=True)]
         if record:
             self.record_dimension = dimids[0]

@@ -123,3 +123,32 @@ def test_records_are_read_ahead_in_record_order_and_record_dim_none_keeps_fixed(
     header = ncdump("-h", str(chosen.mountpoint / "small.nc"))
     assert "UNLIMITED" not in header  # x is not field's first dimension: logged
     assert "dimension 'x' is not made the record dimension" in chosen.log()
+
+
+def test_a_single_short_record_variable_has_no_padding_between_records(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    """netCDF's special case: one record variable of 2-byte values, 3 per record (6
+    bytes), records back to back; and a fixed variable beside it."""
+    shorts = np.arange(15, dtype="<i2").reshape(5, 3) - 7
+    refs = {
+        ".zgroup": '{"zarr_format": 2}',
+        "s/.zarray": zarray([5, 3], [2, 3], "<i2"),
+        "s/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["n", "three"]}),
+        **{f"s/{k}.0": chunk(np.resize(shorts[2 * k : 2 * k + 2], (2, 3))) for k in range(3)},
+        "f/.zarray": zarray([3], [3], "<f8"),
+        "f/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["three"]}),
+        "f/0": chunk(np.array([0.5, 1.5, 2.5], "<f8")),
+    }
+    source = tmp_path / "single.json"
+    source.write_text(json.dumps({"version": 1, "refs": refs}))
+    path = mount(source, "--netcdf", "--netcdf-record-dim", "n").mountpoint / "single.nc"
+    assert "n = UNLIMITED ; // (5 currently)" in ncdump("-h", str(path))
+    data = path.read_bytes()
+    with netCDF4.Dataset(path) as ds:
+        assert ds["s"][:].tolist() == shorts.tolist()
+        assert ds["f"][:].tolist() == [0.5, 1.5, 2.5]
+    # the records are the file's last 30 bytes, back to back, big-endian
+    assert data[-30:] == shorts.astype(">i2").tobytes()
+    with xarray.open_dataset(path) as ds:
+        assert ds["s"].values.tolist() == shorts.tolist()

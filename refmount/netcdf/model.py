@@ -233,7 +233,7 @@ async def _wide(
     if not isinstance(meta["dtype"], str):
         return None
     served = np.dtype(meta["dtype"])
-    if served.kind not in "iu" or served.itemsize != 8 or array.meta.get("dtype") == "|b1":
+    if served.kind not in "iu" or served.itemsize != 8:
         return None
     stored = array.meta.get("dtype")
     if isinstance(stored, str) and stored[1:2] in ("M", "m"):

@@ -134,7 +134,7 @@ async def plan(
             units = f"{coarser} since {epoch}"
             log.info("%s: times written in %s (every value a whole number of them)", path, units)
     counted = counted // counted.dtype.type(divisor) if divisor != 1 else counted
-    exact = _exact(counted) and (keep is None or abs(keep) <= MAX_EXACT or _exact_one(keep))
+    exact = _exact(counted) and (keep is None or _exact_one(keep))
     why = ""
     if not exact:
         why = "a value has no exact double" + (" in any CF time unit" if time else "")

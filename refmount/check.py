@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 
 #: A string array of the netCDF view (:data:`refmount.netcdf.survey.STRINGS`).
 STRINGS_NOTE = "char array, as wide as its longest value when mounted"
+#: A 64-bit integer array of the netCDF view (``by_values``: netcdf/wide.py).
+BY_VALUES_NOTE = (
+    "64-bit integers: the mount reads their values to choose (a time's unit and type; "
+    "with auto, CDF-5 for a time, left out for others, when no exact CDF-2 type holds them)"
+)
 
 
 @dataclass
@@ -116,6 +121,7 @@ class CheckOptions:
     netcdf: bool = False
     netcdf_format: str = "auto"
     netcdf_name: str | None = None
+    netcdf_record_dim: str | None = None
     icechunk: bool = False
     branch: str | None = None
     tag: str | None = None
@@ -167,7 +173,15 @@ def check(options: CheckOptions, progress: Any = None) -> Report:
                 from refmount.netcdf.survey import survey as netcdf_survey
 
                 name = options.netcdf_name or default_name(options.refs)
-                report.netcdf = trio.run(netcdf_survey, refset, name, options.netcdf_format)
+                report.netcdf = trio.run(
+                    partial(
+                        netcdf_survey,
+                        refset,
+                        name,
+                        options.netcdf_format,
+                        record_dim=options.netcdf_record_dim,
+                    )
+                )
         finally:
             refset.close()
         if options.probe:
@@ -413,11 +427,15 @@ def _netcdf_lines(found: dict[str, Any]) -> list[str]:
     lines = [f"  netCDF view       {len(found['files']):,} files"]
     for made in found["files"]:
         names = ", ".join(made["variables"]) or "-"
-        lines.append(f"    {made['name']:<32} {made['format']}: {names}")
+        records = made.get("record_dimension")
+        along = f" (records along {records})" if records else ""
+        lines.append(f"    {made['name']:<32} {made['format']}{along}: {names}")
     for array in found["strings"]:
         lines.append(f"    {array:<32} {STRINGS_NOTE}")
     for array, cost in found.get("costly", {}).items():
         lines.append(f"    {array:<32} {cost}")
+    for array in found.get("by_values", []):
+        lines.append(f"    {array:<32} {BY_VALUES_NOTE}")
     return lines
 
 

@@ -118,6 +118,12 @@ def check_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--netcdf-name", metavar="NAME", help="the root group's file is NAME.nc")
     p.add_argument(
+        "--netcdf-record-dim",
+        metavar="NAME|none",
+        help="the netCDF view's --netcdf-record-dim to check against (default: the first "
+        "CF time axis)",
+    )
+    p.add_argument(
         "--catalog",
         action="store_true",
         help="check REFS as a catalog: every set under it, with a summary (a directory "
@@ -192,6 +198,7 @@ def run_check(argv: list[str]) -> int:
         netcdf=args.netcdf,
         netcdf_format=args.netcdf_format,
         netcdf_name=args.netcdf_name,
+        netcdf_record_dim=args.netcdf_record_dim,
         icechunk=args.icechunk
         or (not args.catalog and is_repository(args.refs, args.refs_options)),
         branch=args.branch,

@@ -110,6 +110,8 @@ class Config:
     netcdf: bool = False
     netcdf_format: str = "auto"
     netcdf_name: str | None = None
+    #: None: the first CF time axis; "none": no record dimension.
+    netcdf_record_dim: str | None = None
     catalog: bool = False
     catalog_ttl: float = 60.0
     max_loaded_sets: int = 64

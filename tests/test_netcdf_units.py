@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.io
+import trio
 
 from refmount.decode.arrays import parse_zarray
 from refmount.errors import FetchError
@@ -17,6 +18,7 @@ from refmount.netcdf.boxes import boxes, chunk_indices, overlap
 from refmount.netcdf.header import NC_DOUBLE, NC_INT, Header, LayoutError, Variable, lay_out
 from refmount.netcdf.model import _file
 from refmount.netcdf.types import attribute
+from refmount.netcdf.wide import Wide, plan, time_unit
 
 
 def zarray(shape: list[int], chunks: list[int], dtype: str) -> bytes:
@@ -164,3 +166,31 @@ def test_reads_at_any_offset_equal_the_same_bytes_of_the_file_read_whole(tmp_pat
             assert bytes(await reads.read_buffer(ref.url, start, end)) == whole[start:end]
 
     trio.run(main)
+
+
+def decide(values: list[int], units: str, keep: int | None = None) -> Wide:
+    array = np.array(values, "<i8")
+
+    async def read() -> np.ndarray:
+        return array
+
+    return trio.run(plan, "t", {"units": units}, array.nbytes, keep, read)
+
+
+def test_a_time_is_written_in_the_coarsest_unit_holding_every_value() -> None:
+    nat = -(1 << 63)
+    hourly = decide([0, 3600 * 10**9, 48 * 3600 * 10**9, nat], "nanoseconds since 2000-1-1", nat)
+    assert (hourly.divisor, hourly.units) == (3600 * 10**9, "hours since 2000-1-1")
+    assert hourly.narrow and hourly.exact and hourly.time
+    millis = decide([1_577_836_800_001 * 10**6], "ns since 1970-01-01")
+    assert (millis.divisor, millis.units) == (10**6, "milliseconds since 1970-01-01")
+    assert millis.exact and not millis.narrow  # an exact double, but no int
+    nanos = decide([1_577_836_800_000_000_001], "nanoseconds since 1970-01-01")
+    assert nanos.divisor == 1 and nanos.units is None and not nanos.exact
+    days = decide([0, 2 * 86400, 4 * 86400], "secs since 1970-01-01")
+    assert days.units == "days since 1970-01-01" and days.divisor == 86400
+    seconds = decide([0, 2, 4], "secs since 1970-01-01")
+    assert seconds.units is None and seconds.divisor == 1 and seconds.narrow
+    assert time_unit({"units": "fortnights since 2000-01-01"}) is None
+    counter = decide([1, 2, (1 << 53) + 1], "1")
+    assert not counter.time and not counter.exact and counter.divisor == 1

@@ -72,13 +72,20 @@ class Attribute:
 
 @dataclass(frozen=True)
 class Dimension:
+    """A dimension; the ``unlimited`` one (or one of length 0, with no records) is the
+    record dimension, written with length 0, its length the header's ``numrecs``."""
+
     name: str
     length: int
+    unlimited: bool = False
 
 
 @dataclass
 class Variable:
-    """A variable of the header; ``begin`` is set by :func:`lay_out`."""
+    """A variable of the header; ``begin`` is set by :func:`lay_out`.  A ``record``
+    variable's first dimension is the record dimension (its ``shape[0]`` the number of
+    records); an ``isolated`` one may fail its reads (its values are converted and one
+    may have no place in its type), so :func:`lay_out` gives it blocks of its own."""
 
     name: str
     dimids: tuple[int, ...]
@@ -86,6 +93,8 @@ class Variable:
     shape: tuple[int, ...]
     attributes: list[Attribute] = field(default_factory=list)
     begin: int = 0
+    record: bool = False
+    isolated: bool = False
 
     @property
     def itemsize(self) -> int:
@@ -93,30 +102,41 @@ class Variable:
 
     @property
     def data_size(self) -> int:
-        """The bytes of the values, before padding."""
+        """The bytes of the values (of one record for a record variable), before
+        padding."""
         count = 1
-        for n in self.shape:
+        for n in self.shape[1:] if self.record else self.shape:
             count *= n
         return count * self.itemsize
 
     @property
     def vsize(self) -> int:
-        """The bytes the variable takes: its values padded to 4 bytes."""
+        """The bytes the variable takes (per record for a record variable): its values
+        padded to 4 bytes."""
         return -(-self.data_size // 4) * 4
 
 
 @dataclass
 class Header:
+    """``numrecs`` is the record dimension's length (0: none, or no records); ``end``,
+    set by :func:`lay_out`, where the file's data ends."""
+
     version: int
     dimensions: list[Dimension]
     attributes: list[Attribute]
     variables: list[Variable]
+    numrecs: int = 0
+    end: int = 0
 
     def encoded(self) -> bytes:
         out = _Writer(self.version)
         out.raw(b"CDF" + bytes([self.version]))
-        out.count(0)  # numrecs: no record variables
-        out.list(_DIMENSION, self.dimensions, lambda d: (out.name(d.name), out.count(d.length)))
+        out.count(self.numrecs)
+        out.list(
+            _DIMENSION,
+            self.dimensions,
+            lambda d: (out.name(d.name), out.count(0 if d.unlimited else d.length)),
+        )
         out.attributes(self.attributes)
         out.list(_VARIABLE, self.variables, out.variable)
         return out.bytes()
@@ -124,10 +144,7 @@ class Header:
     @property
     def size(self) -> int:
         """The whole file's size."""
-        if not self.variables:
-            return len(self.encoded())
-        last = self.variables[-1]
-        return last.begin + last.vsize
+        return self.end or len(self.encoded())
 
 
 class _Writer:
@@ -187,18 +204,42 @@ class _Writer:
         return b"".join(self._parts)
 
 
-def lay_out(header: Header, data_at: int = 0) -> bytes:
-    """Set each variable's ``begin`` (in header order, right after the header and the
-    variable before; the first at ``data_at`` at least, a multiple of 4: the space
-    between is the header's free space, as netCDF-C's ``nc__enddef`` reserves it) and
-    return the header's bytes; :class:`LayoutError` when the header's version cannot hold
-    the layout."""
+def lay_out(header: Header, data_at: int = 0, block: int = 4) -> bytes:
+    """Set each variable's ``begin`` and return the header's bytes; :class:`LayoutError`
+    when the header's version cannot hold the layout.
+
+    Fixed variables come in header order, each right after the header and the variable
+    before, the first at ``data_at`` at least, a multiple of 4 (the space between is the
+    header's free space, as netCDF-C's ``nc__enddef`` reserves it).  An ``isolated``
+    variable starts at a multiple of ``block`` and the next one at the next multiple
+    after it: no block (the kernel's pages, netCDF-C's reads of ``st_blksize``) holds
+    another variable's bytes and one of its own, so a read of it that fails fails no
+    other variable's read (a page the kernel read ahead with it is read again alone).
+    Record variables (anywhere in the header) follow the fixed ones' values, in header
+    order, their records interleaved: record ``r`` of a variable at
+    ``begin + r * recsize``."""
     _check(header)
     # Begins are fixed-width: the header's size does not depend on them.
     at = max(len(header.encoded()), data_at)
+    isolate_next = False
     for variable in header.variables:
+        if variable.record:
+            continue
+        if variable.isolated or isolate_next:
+            at = -(-at // block) * block
         variable.begin = at
         at += variable.vsize
+        isolate_next = variable.isolated
+    if not header.variables:
+        at = len(header.encoded())
+    if isolate_next and header.numrecs:
+        at = -(-at // block) * block
+    records_at = at
+    for variable in header.variables:
+        if variable.record:
+            variable.begin = at
+            at += variable.vsize
+    header.end = records_at + header.numrecs * record_size(header)
     if header.version == 1:
         for variable in header.variables:
             if variable.begin > MAX_CDF1_BEGIN:
@@ -207,6 +248,15 @@ def lay_out(header: Header, data_at: int = 0) -> bytes:
                     "netCDF classic (CDF-1) offsets hold"
                 )
     return header.encoded()
+
+
+def record_size(header: Header) -> int:
+    """The bytes of one record: every record variable's share, padded to 4 bytes unless
+    there is a single record variable (netCDF's special case)."""
+    shares = [v for v in header.variables if v.record]
+    if len(shares) == 1:
+        return shares[0].data_size
+    return sum(v.vsize for v in shares)
 
 
 def _check(header: Header) -> None:

@@ -21,13 +21,14 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from refmount.decode.arrays import Array, ArrayRefused, ChunkDecoder
+from refmount.decode.dtypes import NAT
 from refmount.decode.scalars import DIMENSIONS_ATTRIBUTE
 from refmount.decode.strings import vlen_codecs
 from refmount.decode.v3.tree import V3AsV2
@@ -46,7 +47,9 @@ from refmount.netcdf.header import (
     lay_out,
 )
 from refmount.netcdf.names import file_keys
+from refmount.netcdf.options import NO_RECORD_DIM
 from refmount.netcdf.types import FileType, TypeRefused, attribute, file_type
+from refmount.netcdf.wide import Wide, plan, time_unit
 from refmount.refs.model import BLOCK_SIZE
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,13 @@ MIN_BLOCK_SIZE = 8 << 10
 #: initial read-ahead), so a reader of the header alone (netCDF-C reads one block:
 #: ``ncdump -h``) reads no value: no chunk is fetched or decoded for it.
 HEADER_BLOCKS = 4
+#: A variable whose reads may fail (64-bit integers as doubles, not checked exact) has
+#: blocks of this size to itself: netCDF-C 4.10 (pip's netCDF4, xarray's default engine)
+#: reads a classic file in blocks of 4 MiB from its start, the header's included (an
+#: open fails if any of its first 4 MiB fails); Debian's 4.9.0 in blocks of
+#: ``st_blksize``.  A block that fails with another variable's bytes in it would fail
+#: that variable's reads too (or, read short, give netCDF-C zeros for them).
+ISOLATION_BLOCK = 4 << 20
 
 
 def header_block(length: int) -> int:
@@ -120,18 +130,32 @@ class NcFile:
         return header_block(len(self.text))
 
     @functools.cached_property
+    def fixed(self) -> list[int]:
+        """The fixed variables (their indices), in header order: file order."""
+        return [i for i, variable in enumerate(self.header.variables) if not variable.record]
+
+    @functools.cached_property
+    def records(self) -> list[int]:
+        """The record variables, in header order: their order in each record."""
+        return [i for i, variable in enumerate(self.header.variables) if variable.record]
+
+    @functools.cached_property
     def begins(self) -> list[int]:
-        return [variable.begin for variable in self.header.variables]
+        """The fixed variables' ``begin``s, increasing."""
+        return [self.header.variables[i].begin for i in self.fixed]
 
 
 @dataclass
 class Files:
-    """Every file of a view, and what was left out of them (array path -> why; group
-    path -> why, :mod:`refmount.netcdf.names`)."""
+    """Every file of a view, what was left out of them (array path -> why; group path
+    -> why, :mod:`refmount.netcdf.names`), and the arrays whose values were not read to
+    decide how to write them."""
 
     files: list[NcFile]
     left_out: dict[str, str] = field(default_factory=dict)
     left_out_groups: dict[str, str] = field(default_factory=dict)
+    #: 64-bit integer arrays written as their values say, not read (``refmount check``).
+    unread: list[str] = field(default_factory=list)
 
 
 async def groups(view: DecodedRefSet) -> tuple[dict[str, list[str]], dict[str, str]]:
@@ -160,9 +184,23 @@ async def groups(view: DecodedRefSet) -> tuple[dict[str, list[str]], dict[str, s
     return found, left_out
 
 
-async def build(view: DecodedRefSet, name: str, choice: str) -> Files:
+#: Reads every value of a variable (served dtype, C order); :class:`FetchError` if one
+#: of its chunks fails.
+ReadSource = Callable[[Source], Awaitable[np.ndarray]]
+
+
+async def build(
+    view: DecodedRefSet,
+    name: str,
+    choice: str,
+    read: ReadSource | None = None,
+    record_dim: str | None = None,
+) -> Files:
     """The files of ``view`` (``name`` the root file's name, ``choice`` the format); the
-    root group's is always the first (:data:`refmount.netcdf.options.ROOT_FILE_ID`)."""
+    root group's is always the first (:data:`refmount.netcdf.options.ROOT_FILE_ID`).
+    ``read`` reads the values of 64-bit integer variables to decide how they are written
+    (:mod:`refmount.netcdf.wide`; without it every value is taken to have an exact
+    double); ``record_dim`` is ``--netcdf-record-dim``."""
     found, left_out = await groups(view)
     files = Files([], left_out)
     described: dict[str, tuple[dict[str, Any], list[tuple[str, Array, dict[str, Any]]]]] = {}
@@ -180,9 +218,17 @@ async def build(view: DecodedRefSet, name: str, choice: str) -> Files:
     for group, (global_attributes, arrays) in described.items():
         if group not in keys:
             continue
-        made, refused = _file(keys[group], global_attributes, arrays, choice, fills)
+        wide: dict[str, Wide] = {}
+        for path, array, document in arrays:
+            found_plan = await _wide(path, array, document, read)
+            if found_plan is not None:
+                wide[path] = found_plan
+        made, refused = _file(
+            keys[group], global_attributes, arrays, choice, fills, wide, record_dim
+        )
         files.files.append(made)
         files.left_out.update(refused)
+        files.unread += [path for path, how in wide.items() if not how.checked]
     return files
 
 
@@ -197,6 +243,42 @@ def zarr_fills_mean_fill_values(
     if isinstance(view.raw, V3AsV2):
         return False
     return not any(FILL in document for _, arrays in groups for _, _, document in arrays)
+
+
+async def _wide(
+    path: str, array: Array, document: dict[str, Any], read: ReadSource | None
+) -> Wide | None:
+    """How a 64-bit integer array is written (``None`` for other arrays)."""
+    meta = json.loads(array.rewritten())
+    if not isinstance(meta["dtype"], str):
+        return None
+    served = np.dtype(meta["dtype"])
+    if served.kind not in "iu" or served.itemsize != 8:
+        return None
+    stored = array.meta.get("dtype")
+    if isinstance(stored, str) and stored[1:2] in ("M", "m"):
+        keep: int | None = NAT  # a datetime's missing value, whatever its fill value
+    else:
+        keep = _integer_fill(served, meta.get("fill_value"), document.get("_FillValue"))
+    fill = np.array([keep or 0], dtype=served).tobytes()
+    shape = (1,) if array.scalar else tuple(meta["shape"])
+    size = served.itemsize
+    for n in shape:
+        size *= n
+    reader = None
+    if read is not None:
+        source = Source(
+            path, FileType(served, 0), shape, tuple(meta["chunks"]), array.separator, fill
+        )
+
+        async def reader() -> np.ndarray | None:
+            try:
+                return await read(source)
+            except FetchError as exc:
+                log.warning("%s: its values could not be read to check them: %s", path, exc)
+                return None
+
+    return await plan(path, document, size, keep, reader)
 
 
 async def _document(view: DecodedRefSet, path: str) -> dict[str, Any]:
@@ -224,19 +306,38 @@ def _file(
     arrays: list[tuple[str, Array, dict[str, Any]]],
     choice: str,
     zarr_fills: bool = False,
+    wide: dict[str, Wide] | None = None,
+    record_dim: str | None = None,
 ) -> tuple[NcFile, dict[str, str]]:
-    """The file of one group, and its arrays netCDF classic has no type for;
+    """The file of one group, and its arrays netCDF classic has no place for;
     ``zarr_fills``: whether Zarr fill values stand for ``_FillValue``
     (:func:`zarr_fills_mean_fill_values`)."""
+    wide = wide or {}
     versions = [2, 5] if choice == "auto" else [FORMATS[choice]]
+    wide_times = [p for p, how in wide.items() if how.time and how.checked and not how.narrow]
+    if choice == "auto" and wide_times:
+        log.warning(
+            "%s: CF times %s: no CF unit in which every value is an int (as CDF-2 holds "
+            "integers): the file is CDF-5, the times int64 (--netcdf-format)",
+            key,
+            ", ".join(wide_times),
+        )
+        versions = [5]
     for version in versions:
-        builder = _Builder(version == 5, zarr_fills)
+        builder = _Builder(
+            version == 5,
+            wide,
+            refuse_inexact=choice == "auto",
+            record=record_dim,
+            zarr_fills=zarr_fills,
+        )
         header = builder.header(version, global_attributes, arrays)
         if version != versions[-1] and not fits(header):
             continue
         try:
             block = header_block(len(header.encoded()))
-            text = lay_out(header, data_at=HEADER_BLOCKS * block)
+            isolation = max(block, ISOLATION_BLOCK)
+            text = lay_out(header, data_at=HEADER_BLOCKS * block, block=isolation)
         except LayoutError as exc:
             raise FetchError(f"{key}: {exc} (--netcdf-format)") from None
         return NcFile(key, header, text, builder.sources), builder.left_out
@@ -244,13 +345,31 @@ def _file(
 
 
 class _Builder:
-    def __init__(self, cdf5: bool, zarr_fills: bool = False) -> None:
+    """``wide`` says how 64-bit integer arrays are written; ``refuse_inexact`` leaves out
+    of a CDF-1/2 file those whose values are not all exact doubles; ``record`` is
+    ``--netcdf-record-dim``; ``zarr_fills``: whether Zarr fill values stand for
+    ``_FillValue``."""
+
+    def __init__(
+        self,
+        cdf5: bool,
+        wide: dict[str, Wide],
+        *,
+        refuse_inexact: bool,
+        record: str | None = None,
+        zarr_fills: bool = False,
+    ) -> None:
         self.cdf5 = cdf5
+        self.record = record
         self.zarr_fills = zarr_fills
+        self.documents: list[dict[str, Any]] = []
+        self.wide = wide
+        self.refuse_inexact = refuse_inexact
         self.dimensions: list[Dimension] = []
         self._ids: dict[str, int] = {}
         self.sources: list[Source] = []
         self.left_out: dict[str, str] = {}
+        self.record_dimension: int | None = None
 
     def header(
         self,
@@ -265,28 +384,96 @@ class _Builder:
             except TypeRefused as exc:
                 self.left_out[path] = str(exc)
                 log.warning("array %r is left out of the netCDF file: %s", path, exc)
-        return Header(version, self.dimensions, self._attributes(global_attributes), variables)
+        numrecs = self._records(variables)
+        attributes = self._attributes(global_attributes)
+        return Header(version, self.dimensions, attributes, variables, numrecs=numrecs)
 
-    def _dimension(self, name: str, length: int, where: str) -> int:
+    def _records(self, variables: list[Variable]) -> int:
+        """Make the record dimension, if there is one (a 0-length dimension is already),
+        and return its length.  It is ``--netcdf-record-dim``'s, or the first dimension
+        that is a CF time axis (its coordinate variable's ``units`` "... since ...",
+        ``axis`` T or ``standard_name`` time), if every variable using it has it first
+        and none may fail its reads (its records would share blocks with the others')."""
+        if self.record_dimension is not None or self.record == NO_RECORD_DIM:
+            return 0
+        chosen = self._ids.get(self.record) if self.record else self._time_axis(variables)
+        if chosen is None:
+            return 0
+        dimension = self.dimensions[chosen]
+        users = [v for v in variables if chosen in v.dimids]
+        not_first = [v.name for v in users if v.dimids[0] != chosen]
+        failing = [v.name for v in users if v.isolated]
+        if not_first or failing:
+            log.info(
+                "dimension %r is not made the record dimension: %s",
+                dimension.name,
+                f"not the first of {not_first}" if not_first else f"{failing} may fail",
+            )
+            return 0
+        for variable in users:
+            variable.record = True
+        self.dimensions[chosen] = Dimension(dimension.name, dimension.length, unlimited=True)
+        self.record_dimension = chosen
+        return dimension.length
+
+    def _time_axis(self, variables: list[Variable]) -> int | None:
+        """The first dimension whose coordinate variable is a CF time axis."""
+        axes = {
+            variable.dimids[0]
+            for variable, document in zip(variables, self.documents, strict=True)
+            if len(variable.dimids) == 1
+            and self.dimensions[variable.dimids[0]].name == variable.name
+            and _time_axis(document)
+        }
+        return min(axes, default=None)
+
+    def _resolve(self, name: str, length: int) -> tuple[str, int | None]:
+        """The name dimension ``name`` of ``length`` takes, and its id if it exists."""
         wanted = name
         n = 0
         while True:
             found = self._ids.get(name)
-            if found is None:
-                self._ids[name] = len(self.dimensions)
-                self.dimensions.append(Dimension(name, length))
-                if name != wanted:
-                    log.warning(
-                        "%s: dimension %r has another length elsewhere; here it is %r",
-                        where,
-                        wanted,
-                        name,
-                    )
-                return self._ids[name]
-            if self.dimensions[found].length == length:
-                return found
+            if found is None or self.dimensions[found].length == length:
+                return name, found
             n += 1
             name = f"{wanted}_{length}" if n == 1 else f"{wanted}_{length}_{n}"
+
+    def _dimension(self, name: str, length: int, where: str) -> int:
+        resolved, found = self._resolve(name, length)
+        if found is not None:
+            return found
+        self._ids[resolved] = len(self.dimensions)
+        self.dimensions.append(Dimension(resolved, length))
+        if resolved != name:
+            log.warning(
+                "%s: dimension %r has another length elsewhere; here it is %r",
+                where,
+                name,
+                resolved,
+            )
+        return self._ids[resolved]
+
+    def _empty(self, names: list[str], shape: tuple[int, ...]) -> bool:
+        """Whether a variable is a record variable of no records (its first dimension,
+        of length 0, the file's record dimension), or :class:`TypeRefused` for a
+        dimension of length 0 netCDF classic cannot hold: a dimension of length 0 is
+        the record dimension, a file has one, and it is a variable's first."""
+        zeros = [i for i, n in enumerate(shape) if n == 0]
+        if not zeros:
+            return False
+        if zeros != [0]:
+            raise TypeRefused(
+                f"shape {shape}: a dimension of length 0 other than the first (netCDF "
+                "classic's only dimension of length 0 is the record dimension, first)"
+            )
+        resolved, found = self._resolve(names[0], 0)
+        if self.record_dimension is not None and found != self.record_dimension:
+            record = self.dimensions[self.record_dimension].name
+            raise TypeRefused(
+                f"a second dimension of length 0, {resolved!r} (netCDF classic has one "
+                f"record dimension, here {record!r})"
+            )
+        return True
 
     def _variable(self, path: str, array: Array, document: dict[str, Any]) -> Variable:
         meta = json.loads(array.rewritten())
@@ -294,7 +481,20 @@ class _Builder:
             raise TypeRefused("records have no netCDF classic type")
         served = np.dtype(meta["dtype"])
         boolean = array.meta.get("dtype") == "|b1"  # v3 arrays are presented with theirs
-        kind = file_type(served, boolean=boolean, cdf5=self.cdf5)
+        wide = self.wide.get(path, Wide())
+        if self.refuse_inexact and not self.cdf5 and not wide.exact:
+            raise TypeRefused(
+                f"64-bit integers ({wide.why}) in a CDF-2 file: --netcdf-format cdf5 keeps "
+                "them as such, 64bit-offset as doubles (a value without one fails its read)"
+            )
+        kind = file_type(
+            served,
+            boolean=boolean,
+            cdf5=self.cdf5,
+            divisor=wide.divisor,
+            keep=wide.keep,
+            narrow=wide.narrow,
+        )
         name = path.rpartition("/")[2]
         shape = () if array.scalar else tuple(meta["shape"])
         names = document.get(DIMENSIONS_ATTRIBUTE)
@@ -302,21 +502,37 @@ class _Builder:
             names = []
         elif not (isinstance(names, list) and len(names) == len(shape)):
             names = [f"{name}_dim{i}" for i in range(len(shape))]
-        dimids = [
-            self._dimension(str(n) or f"{name}_dim{i}", length, path)
-            for i, (n, length) in enumerate(zip(names, shape, strict=True))
-        ]
+        names = [str(n) or f"{name}_dim{i}" for i, n in enumerate(names)]
+        record = self._empty(names, shape)
+        dimids = [self._dimension(n, length, path) for n, length in zip(names, shape, strict=True)]
+        if record:
+            self.record_dimension = dimids[0]
         file_shape = shape
         if kind.width is not None and not (kind.width == 1 and shape):
             dimids.append(self._dimension(f"strlen{kind.width}", kind.width, path))
             file_shape = (*shape, kind.width)
+        if wide.units is not None:
+            document = {**document, "units": wide.units}
+        self.documents.append(document)
+        if wide.time and wide.keep is not None and "_FillValue" not in document:
+            # a time's fill value (NaT), in the variable's type (int's default fill for
+            # a time written as int): xarray masks only what _FillValue names
+            document = {**document, "_FillValue": wide.keep}
         fill = zarr_fill(meta, scalar=array.scalar, kind=kind) if self.zarr_fills else None
         attributes = variable_attributes(path, document, kind, cdf5=self.cdf5, fill=fill)
         if kind.unsigned and "_Unsigned" not in document:
             attributes.append(attribute("_Unsigned", "true", cdf5=self.cdf5))
         if kind.width is not None and _text(array) and ENCODING not in document:
             attributes.append(attribute(ENCODING, "utf-8", cdf5=self.cdf5))
-        variable = Variable(name, tuple(dimids), kind.nc_type, file_shape, attributes)
+        variable = Variable(
+            name,
+            tuple(dimids),
+            kind.nc_type,
+            file_shape,
+            attributes,
+            record=record,
+            isolated=kind.as_double and not (wide.checked and wide.exact),
+        )
         fill = _absent_fill(meta.get("fill_value"), document.get("_FillValue"), kind)
         self.sources.append(
             Source(path, kind, tuple(meta["shape"]), tuple(meta["chunks"]), array.separator, fill)
@@ -332,6 +548,15 @@ class _Builder:
         ]
 
 
+def _time_axis(document: dict[str, Any]) -> bool:
+    """Whether a coordinate variable's attributes say it is a CF time axis."""
+    return (
+        time_unit(document) is not None
+        or document.get("axis") == "T"
+        or document.get("standard_name") == "time"
+    )
+
+
 def _text(array: Array) -> bool:
     """Whether a string array's values are text (``<U<n>`` or ``vlen-utf8``, served as
     UTF-8), not bytes (``|S<n>``, ``vlen-bytes``)."""
@@ -340,6 +565,15 @@ def _text(array: Array) -> bool:
         return decoder.utf8_chars is not None
     codecs = vlen_codecs(array.meta)
     return codecs is not None and codecs[0] == "vlen-utf8"
+
+
+def _integer_fill(served: np.dtype, *values: Any) -> int | None:
+    """The first of ``values`` that is a value of the integer type ``served``."""
+    info = np.iinfo(served)
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool) and info.min <= value <= info.max:
+            return value
+    return None
 
 
 def _absent_fill(zarr_fill: Any, attribute_fill: Any, kind: FileType) -> bytes:

@@ -1,5 +1,5 @@
-"""The netCDF view's options (``--netcdf``, ``--netcdf-format``, ``--netcdf-name``) and
-the name of a set's root file."""
+"""The netCDF view's options (``--netcdf``, ``--netcdf-format``, ``--netcdf-name``,
+``--netcdf-record-dim``) and the name of a set's root file."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from refmount.options import Config
 
+#: ``--netcdf-record-dim none``: no record dimension (but a 0-length one).
+NO_RECORD_DIM = "none"
 #: ``--netcdf-format``: ``auto`` is CDF-2 (64-bit offset) unless a variable needs CDF-5.
 FORMAT_CHOICES = ("auto", "classic", "64bit-offset", "cdf5")
 _NAME = re.compile(r"[^/\x00]{1,200}")
@@ -41,6 +43,13 @@ def add_netcdf_options(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="with --netcdf, the root group's file is NAME.nc (default: REFS's file or "
         "directory name without its extensions)",
+    )
+    g.add_argument(
+        "--netcdf-record-dim",
+        metavar="NAME|none",
+        help="with --netcdf, the dimension made UNLIMITED (the record dimension) in each "
+        "file that has it as every using variable's first (default: the first CF time "
+        "axis: units '... since ...', axis T or standard_name time); 'none': none",
     )
 
 

@@ -24,8 +24,10 @@ import bisect
 import errno
 import functools
 import itertools
+import math
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import trio
@@ -35,7 +37,7 @@ from refmount.decode.reads import DecodedReads
 from refmount.errors import FetchError
 from refmount.netcdf.ahead import ReadAhead
 from refmount.netcdf.boxes import boxes, chunk_indices, overlap
-from refmount.netcdf.header import Variable
+from refmount.netcdf.header import Variable, record_size
 from refmount.netcdf.model import NcFile, Source
 from refmount.netcdf.stretches import Stretches
 from refmount.netcdf.view import SCHEME, NetcdfRefSet
@@ -55,10 +57,11 @@ Chunk = np.ndarray | None  # None: the set has no such chunk (its fill value)
 class NetcdfReads:
     """Reads through ``decoded``, serving the files of netCDF views it made."""
 
-    def __init__(self, decoded: DecodedReads, choice: str) -> None:
+    def __init__(self, decoded: DecodedReads, choice: str, record_dim: str | None = None) -> None:
         self.decoded = decoded
         self.blocks = decoded.blocks
         self.choice = choice
+        self.record_dim = record_dim
         self._views: weakref.WeakValueDictionary[int, NetcdfRefSet] = weakref.WeakValueDictionary()
         self._serials = itertools.count()
         self.ahead = ReadAhead(self._chunk)
@@ -75,7 +78,15 @@ class NetcdfReads:
         """The netCDF view of ``raw``, whose files this reads; ``name.nc`` its root's."""
         serial = next(self._serials)
         decoded = self.decoded.view(raw)
-        view = NetcdfRefSet(decoded, serial, name, self.choice, closing=self._closed)
+        view = NetcdfRefSet(
+            decoded,
+            serial,
+            name,
+            self.choice,
+            closing=self._closed,
+            read=self.every_value,
+            record_dim=self.record_dim,
+        )
         self._views[view.serial] = view
         return view
 
@@ -123,19 +134,20 @@ class NetcdfReads:
         header = made.text
         if start < len(header):
             out[: min(end, len(header)) - start] = header[start:end]
-        for variable, source in _overlapping(made, start, end):
-            data_end = variable.begin + variable.data_size
-            low, high = max(start, variable.begin), min(end, data_end)
+        for piece in _pieces(made, start, end):
+            source, at = piece.source, piece.at
+            data_end = at + piece.variable.data_size
+            low, high = max(start, at), min(end, data_end)
             if low < high:
-                size = source.kind.served.itemsize
-                first = (low - variable.begin) // size
-                last = -(-(high - variable.begin) // size)
-                values = await self._values(view, source, first, last)
-                skip = low - variable.begin - first * size
+                size = source.kind.itemsize
+                first = (low - at) // size
+                last = -(-(high - at) // size)
+                values = await self._values(view, source, piece.first + first, piece.first + last)
+                skip = low - at - first * size
                 out[low - start : high - start] = values[skip : skip + high - low]
-            pad_low, pad_high = max(start, data_end), min(end, variable.begin + variable.vsize)
+            pad_low, pad_high = max(start, data_end), min(end, at + piece.size)
             if pad_low < pad_high:
-                out[pad_low - start : pad_high - start] = _padding(source, variable.vsize)[
+                out[pad_low - start : pad_high - start] = _padding(source, piece.size)[
                     pad_low - data_end : pad_high - data_end
                 ]
         return memoryview(out)
@@ -148,6 +160,17 @@ class NetcdfReads:
             chunk = functools.partial(self._chunk, view)
             values = await self.stretches.values(view.serial, source, first, last, chunk)
             return source.kind.convert(values)
+        return source.kind.convert(await self._served(view, source, first, last))
+
+    async def every_value(self, view: NetcdfRefSet, source: Source) -> np.ndarray:
+        """Every element of a variable as served (C order): how its 64-bit integers are
+        written is decided from them (:mod:`refmount.netcdf.wide`)."""
+        return await self._served(view, source, 0, math.prod(source.shape))
+
+    async def _served(
+        self, view: NetcdfRefSet, source: Source, first: int, last: int
+    ) -> np.ndarray:
+        """Elements ``first`` to ``last`` of a variable, as served."""
         runs = boxes(source.shape, first, last)
         wanted = {index for box in runs for index in chunk_indices(box, source.chunks)}
         chunks = await self._chunks(view, source, wanted)
@@ -163,7 +186,7 @@ class NetcdfReads:
                 chunk = chunks[index]
                 target[into] = fill if chunk is None else chunk[out_of]
             at += count
-        return source.kind.convert(values)
+        return values
 
     async def _chunks(
         self, view: NetcdfRefSet, source: Source, wanted: set[tuple[int, ...]]
@@ -213,30 +236,64 @@ class NetcdfReads:
 def _chunks_of(
     made: NcFile, start: int, end: int, wide: Callable[[Source], bool]
 ) -> Iterator[tuple[Source, tuple[int, ...]]]:
-    """The chunks whose values bytes ``start`` to ``end`` of the file hold, in file order,
-    but those of ``wide`` variables (read by stretches, :mod:`refmount.netcdf.stretches`)."""
-    for variable, source in _overlapping(made, start, end):
-        if wide(source):
+    """The chunks whose values bytes ``start`` to ``end`` of the file hold, in file order
+    (record by record in the records), but those of ``wide`` variables (read by
+    stretches, :mod:`refmount.netcdf.stretches`)."""
+    for piece in _pieces(made, start, end):
+        if wide(piece.source):
             continue
-        low = max(start, variable.begin) - variable.begin
-        high = min(end, variable.begin + variable.data_size) - variable.begin
+        low = max(start, piece.at) - piece.at
+        high = min(end, piece.at + piece.variable.data_size) - piece.at
         if low >= high:
             continue
-        size = source.kind.served.itemsize
-        for box in boxes(source.shape, low // size, -(-high // size)):
+        source = piece.source
+        size = source.kind.itemsize
+        first, last = piece.first + low // size, piece.first + -(-high // size)
+        for box in boxes(source.shape, first, last):
             for index in chunk_indices(box, source.chunks):
                 yield source, index
 
 
-def _overlapping(made: NcFile, start: int, end: int) -> Iterator[tuple[Variable, Source]]:
-    """The variables whose bytes (values and padding) meet ``start`` to ``end``, in file
-    order."""
-    variables = made.header.variables
+@dataclass(frozen=True)
+class _Piece:
+    """A variable's bytes (all of a fixed variable's, one record of a record
+    variable's) at ``at`` in the file, ``size`` bytes with padding, its first element
+    ``first``."""
+
+    variable: Variable
+    source: Source
+    at: int
+    size: int
+    first: int
+
+
+def _pieces(made: NcFile, start: int, end: int) -> Iterator[_Piece]:
+    """The pieces of variables whose bytes (values and padding) meet ``start`` to
+    ``end``, in file order."""
+    header = made.header
+    variables, sources = header.variables, made.sources
     at = max(0, bisect.bisect_right(made.begins, start) - 1)
-    for variable, source in zip(variables[at:], made.sources[at:], strict=True):
+    for i in made.fixed[at:]:
+        variable = variables[i]
         if variable.begin >= end:
-            return
-        yield variable, source
+            break
+        yield _Piece(variable, sources[i], variable.begin, variable.vsize, 0)
+    if not made.records or not header.numrecs:
+        return
+    records_at, recsize = variables[made.records[0]].begin, record_size(header)
+    single = len(made.records) == 1
+    first = max(0, (start - records_at) // recsize)
+    last = min(header.numrecs, -(-(end - records_at) // recsize))
+    for record in range(first, last):
+        for i in made.records:
+            variable, source = variables[i], sources[i]
+            at = variable.begin + record * recsize
+            if at >= end:
+                return
+            size = variable.data_size if single else variable.vsize
+            if at + size > start:
+                per_record = variable.data_size // source.kind.itemsize
+                yield _Piece(variable, source, at, size, record * per_record)
 
 
 def _padding(source: Source, vsize: int) -> bytes:

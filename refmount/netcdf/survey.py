@@ -10,7 +10,7 @@ from typing import Any
 
 from refmount.decode.view import DecodedRefSet
 from refmount.errors import FetchError
-from refmount.netcdf.model import Files, build
+from refmount.netcdf.model import Files, NcFile, build
 from refmount.netcdf.stretches import STRETCH_BYTES, Stretches
 from refmount.options import Config, human_size
 from refmount.refs.model import RefSet
@@ -18,14 +18,26 @@ from refmount.refs.model import RefSet
 _VERSIONS = {1: "classic", 2: "64bit-offset", 5: "cdf5"}
 
 
-async def survey(raw: RefSet, name: str, choice: str) -> dict[str, Any]:
+async def survey(
+    raw: RefSet, name: str, choice: str, *, record_dim: str | None = None
+) -> dict[str, Any]:
     """``{"files": [...], "strings": [...], "left_out": {array: why}, "costly": {array:
-    cost}, "error": ...}``."""
+    cost}, "by_values": [...], "error": ...}``: ``by_values`` the 64-bit integer arrays
+    the mount writes as their values say (a CF time's unit; CDF-5 for a time no ``int``
+    holds; left out of a CDF-2 file, with ``auto``, if a value has no exact double),
+    which this does not read."""
     view = DecodedRefSet(raw, serial=0, fixed_strings=True)
     try:
-        files = await build(view, name, choice)
+        files = await build(view, name, choice, record_dim=record_dim)
     except FetchError as exc:
-        return {"files": [], "strings": [], "left_out": {}, "costly": {}, "error": str(exc)}
+        return {
+            "files": [],
+            "strings": [],
+            "left_out": {},
+            "costly": {},
+            "by_values": [],
+            "error": str(exc),
+        }
     strings = sorted(path for path in files.left_out if view.string_array(path))
     return {
         "files": [
@@ -33,6 +45,7 @@ async def survey(raw: RefSet, name: str, choice: str) -> dict[str, Any]:
                 "name": made.key,
                 "format": _VERSIONS[made.header.version],
                 "variables": [v.name for v in made.header.variables],
+                "record_dimension": _record_dimension(made),
             }
             for made in files.files
         ],
@@ -43,6 +56,7 @@ async def survey(raw: RefSet, name: str, choice: str) -> dict[str, Any]:
             if p not in strings
         },
         "costly": costly(files),
+        "by_values": sorted(files.unread),
         "error": None,
     }
 
@@ -68,3 +82,10 @@ def costly(files: Files) -> dict[str, str]:
                 f"times ({human_size(passes * total)})"
             )
     return out
+
+
+def _record_dimension(made: NcFile) -> str | None:
+    """The name of the file's record dimension (UNLIMITED), if it has one."""
+    header = made.header
+    records = [variable for variable in header.variables if variable.record]
+    return header.dimensions[records[0].dimids[0]].name if records else None

@@ -63,13 +63,19 @@ class TypeRefused(Exception):
 class FileType:
     """How one array's decoded values are written: ``served`` the decoded view's dtype
     (little-endian), ``nc_type`` the file's, ``width`` the char length of ``|S<n>``;
-    ``unsigned`` adds ``_Unsigned = "true"``; ``as_double`` converts 64-bit integers."""
+    ``unsigned`` adds ``_Unsigned = "true"``; ``as_double`` converts 64-bit integers;
+    ``divisor`` divides a CF time's values (written in a coarser unit), but ``keep``
+    (its fill value); ``narrow`` writes 64-bit integers (a time) as ``int``, ``keep``
+    as ``int``'s default fill."""
 
     served: np.dtype
     nc_type: int
     width: int | None = None
     unsigned: bool = False
     as_double: bool = False
+    divisor: int = 1
+    keep: int | None = None
+    narrow: bool = False
 
     @property
     def file_dtype(self) -> np.dtype:
@@ -77,14 +83,46 @@ class FileType:
             return np.dtype(f"S{self.width}")
         return TYPES[self.nc_type][0]
 
+    @property
+    def itemsize(self) -> int:
+        """The bytes of one value in the file (a time written as ``int``: 4, served 8)."""
+        return self.file_dtype.itemsize
+
     def convert(self, values: np.ndarray) -> memoryview:
         """Decoded values (a writable array this takes: swapped in place) as the file's
         bytes; :class:`FetchError` (EIO) for an integer a double cannot hold exactly."""
+        if self.divisor != 1:
+            values = in_unit(values, self.divisor, self.keep)
+        if self.narrow:
+            values = as_int(values, self.keep)
         if self.as_double:
             values = exact_doubles(values)
         elif self.width is None and values.itemsize > 1:
             values.byteswap(inplace=True)
         return memoryview(np.ascontiguousarray(values)).cast("B")
+
+
+def in_unit(values: np.ndarray, divisor: int, keep: int | None) -> np.ndarray:
+    """Times counted in a unit ``divisor`` times coarser (``keep`` left as it is), or
+    :class:`FetchError` for a value that is not a whole number of the unit."""
+    counted = values != keep if keep is not None else np.ones(values.shape, bool)
+    remainder = np.where(counted, values % values.dtype.type(divisor), 0)
+    if remainder.any():
+        value = values[np.argmax(remainder != 0)]
+        raise FetchError(f"the time {value} is not a whole number of the unit chosen for it")
+    return np.where(counted, values // values.dtype.type(divisor), values)
+
+
+def as_int(values: np.ndarray, keep: int | None) -> np.ndarray:
+    """64-bit integers as ``int`` (``keep`` as ``int``'s default fill), or
+    :class:`FetchError` for one that is not an ``int``."""
+    fill = TYPES[NC_INT][1]
+    kept = values == keep if keep is not None else np.zeros(values.shape, bool)
+    inside = (values >= INT32[0]) & (values <= INT32[1])
+    if not (inside | kept).all():
+        value = values[np.argmax(~(inside | kept))]
+        raise FetchError(f"the time {value} is not an int of the unit chosen for it")
+    return np.where(kept, fill, values).astype("<i4")
 
 
 def exact_doubles(values: np.ndarray) -> np.ndarray:
@@ -100,8 +138,17 @@ def exact_doubles(values: np.ndarray) -> np.ndarray:
     return doubles
 
 
-def file_type(served: np.dtype, *, boolean: bool, cdf5: bool) -> FileType:
-    """The file type of a served dtype, or :class:`TypeRefused`."""
+def file_type(
+    served: np.dtype,
+    *,
+    boolean: bool,
+    cdf5: bool,
+    divisor: int = 1,
+    keep: int | None = None,
+    narrow: bool = False,
+) -> FileType:
+    """The file type of a served dtype, or :class:`TypeRefused`; ``divisor`` and ``keep``
+    for 64-bit integers (:class:`FileType`)."""
     kind, size = served.kind, served.itemsize
     if served.names is not None:
         raise TypeRefused(f"records ({served}) have no netCDF classic type")
@@ -116,9 +163,10 @@ def file_type(served: np.dtype, *, boolean: bool, cdf5: bool) -> FileType:
             return FileType(served, _UNSIGNED[size])
         return FileType(served, _SIGNED[size], unsigned=True)
     if kind in "iu" and size == 8:
-        if cdf5:
-            return FileType(served, NC_INT64 if kind == "i" else NC_UINT64)
-        return FileType(served, NC_DOUBLE, as_double=True)
+        if narrow and not cdf5:
+            return FileType(served, NC_INT, divisor=divisor, keep=keep, narrow=True)
+        nc_type = (NC_INT64 if kind == "i" else NC_UINT64) if cdf5 else NC_DOUBLE
+        return FileType(served, nc_type, as_double=not cdf5, divisor=divisor, keep=keep)
     raise TypeRefused(f"dtype {served.str} has no netCDF classic type")
 
 

@@ -13,14 +13,16 @@ naming why), and is tried again on the next.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import functools
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import trio
 
 from refmount.decode.view import DecodedRefSet
 from refmount.errors import FetchError
-from refmount.netcdf.model import Files, NcFile, build
+from refmount.netcdf.model import Files, NcFile, Source, build
 from refmount.refs.model import Child, Ref, RefSet
 
 #: The scheme of a file's URL: ``refmount-netcdf:<view serial>/<file id>``.
@@ -30,7 +32,8 @@ SCHEME = "refmount-netcdf:"
 class NetcdfRefSet(RefSet):
     """``decoded`` as netCDF files; ``name`` names the root group's file, ``choice`` is
     ``--netcdf-format``; ``closing`` is told when the view closes (its read-ahead
-    stops)."""
+    stops); ``read`` reads a variable's every value (to decide how 64-bit integers are
+    written); ``record_dim`` is ``--netcdf-record-dim``."""
 
     def __init__(
         self,
@@ -40,6 +43,8 @@ class NetcdfRefSet(RefSet):
         choice: str,
         *,
         closing: Callable[[NetcdfRefSet], None] = lambda view: None,
+        read: Callable[[NetcdfRefSet, Source], Awaitable[np.ndarray]] | None = None,
+        record_dim: str | None = None,
     ) -> None:
         self.decoded = decoded
         self.raw = decoded.raw
@@ -51,6 +56,8 @@ class NetcdfRefSet(RefSet):
         self._ids: dict[str, int] = {}
         self._building: trio.Lock | None = None
         self._closing = closing
+        self._read = read
+        self.record_dim = record_dim
         self.closed = False
 
     async def files(self) -> Files:
@@ -61,7 +68,8 @@ class NetcdfRefSet(RefSet):
             self._building = trio.Lock()
         async with self._building:
             if self._files is None:
-                files = await build(self.decoded, self.name, self.choice)
+                read = None if self._read is None else functools.partial(self._read, self)
+                files = await build(self.decoded, self.name, self.choice, read, self.record_dim)
                 self._ids = {f.key: i for i, f in enumerate(files.files)}
                 self._files = files
         return self._files

@@ -394,7 +394,7 @@ def _reads(
     from refmount.netcdf.options import root_name
     from refmount.netcdf.reads import NetcdfReads
 
-    files = NetcdfReads(decoded, config.netcdf_format)
+    files = NetcdfReads(decoded, config.netcdf_format, config.netcdf_record_dim)
 
     def view(refset: RefSet, config: Config, name: str | None) -> RefSet:
         return files.view(refset, name or root_name(config))

@@ -23,6 +23,7 @@ from typing import Any
 import pyfuse3
 
 from refmount.cache import BlockCache
+from refmount.cache.chunkahead import ChunkReadAhead
 from refmount.errors import FetchError
 from refmount.fetch import FetchStats
 from refmount.redaction import display_url
@@ -132,6 +133,8 @@ class Operations(pyfuse3.Operations):
         self.known: dict[int, int] = {}  # file inode -> the kernel's lookup count
         self.negatives: set[tuple[int, str]] = set()  # (parent inode, name) cached missing
         self.retired: list[Tree] = []  # trees a reload replaced, while they may be read
+        #: Read-ahead along arrays' chunk grids, told of every read of a file.
+        self.ahead: ChunkReadAhead | None = None
 
     def _subject(self, op: str, args: tuple[Any, ...]) -> str:
         """What a failed request was about (a key or directory path), for its message."""
@@ -313,6 +316,8 @@ class Operations(pyfuse3.Operations):
         if ref.data is not None:
             return ref.data[off:end]
         assert ref.url is not None
+        if self.ahead is not None:
+            await self.ahead.observe(self.tree.refset, handle.key, handle.size)
         return await self.cache.read_buffer(
             ref.url,
             ref.offset + off,

@@ -20,6 +20,7 @@ import pyfuse3
 import trio
 
 from refmount.cache import BlockCache
+from refmount.cache.chunkahead import ChunkReadAhead
 from refmount.cache.disk import DiskCache, DiskCacheConfig, DiskTier
 from refmount.cache.disk.cache import QUEUE_BYTES
 from refmount.cache.disk.tier import UNIT
@@ -125,6 +126,9 @@ class Daemon:
         owner = Owner(config.uid, config.gid, config.umask)
         tree = Tree(view(refset, config, None), owner, fetcher.size, fetcher.known_size)
         operations = Operations(tree, reads, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
+        if config.grid_read_ahead and not config.netcdf:
+            ahead_budget = cache.memory.ahead_limit
+            operations.ahead = ChunkReadAhead(cache, reads, ahead_budget=ahead_budget)  # type: ignore[arg-type]
         state = _mount_state(config, fetcher, reads, lambda: _key_count(operations.tree.refset))
         state.version = lambda: _raw(operations.tree.refset).source_version()
         control = _serve_state(operations, state, config)

@@ -175,3 +175,40 @@ def test_no_grid_read_ahead_turns_it_off(
     out = subprocess.run(["cat", *keys], cwd=m.mountpoint, capture_output=True, timeout=120)
     assert out.stdout == b"".join(expected[k] for k in keys)
     assert stats(m)["grid_readahead_requests"] == 0
+
+
+def test_decoded_view_decodes_ahead_and_reads_every_chunk_once(
+    mount: Callable[..., Mounted], served: tuple[NginxServer, Path], tmp_path: Path
+) -> None:
+    server, log = served
+    refs, expected = granules(server, tmp_path)
+    m = mount(refs, "--xattrs", "--decode")
+    keys = [f"v/{t}.0.0" for t in range(T)]
+    before = requests(log)
+    out = subprocess.run(["cat", *keys], cwd=m.mountpoint, capture_output=True, timeout=120)
+    assert out.returncode == 0
+    # Little-endian float32 without codecs: the decoded bytes are the stored ones.
+    assert out.stdout == b"".join(expected[k] for k in keys)
+    assert requests(log) - before == T
+    counters = stats(m)
+    assert counters["decoded_ahead"] > 0
+    assert counters["decoded_ahead_used"] == counters["decoded_ahead"]
+
+
+def test_a_parquet_set_is_walked_ahead_too(
+    mount: Callable[..., Mounted], served: tuple[NginxServer, Path], tmp_path: Path
+) -> None:
+    from tests.support.parquet_sets import refs_to_parquet
+
+    server, log = served
+    refs, expected = granules(server, tmp_path)
+    parquet = tmp_path / "refs.parq"
+    # Records of 16 keys: predicted keys lie in records not loaded yet.
+    refs_to_parquet(json.loads(refs.read_text()), parquet, record_size=16)
+    m = mount(parquet, "--xattrs")
+    keys = [f"v/{t}.0.0" for t in range(T)]
+    before = requests(log)
+    got = pread_each(m, keys, 100, 1000)
+    assert got == [expected[k][100:1100] for k in keys]
+    assert requests(log) - before == T
+    assert stats(m)["grid_readahead_requests"] > 0

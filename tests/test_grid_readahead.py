@@ -212,3 +212,30 @@ def test_a_parquet_set_is_walked_ahead_too(
     assert got == [expected[k][100:1100] for k in keys]
     assert requests(log) - before == T
     assert stats(m)["grid_readahead_requests"] > 0
+
+
+def test_an_icechunk_array_is_walked_ahead_too(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    import icechunk
+    import numpy as np
+    import zarr
+
+    root = tmp_path / "repo"
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(root)))
+    session = repo.writable_session("main")
+    values = np.random.default_rng(39).random((48, 16, 16)).astype("f4")
+    group = zarr.open_group(session.store)
+    group.create_array("v", shape=values.shape, chunks=(1, 16, 16), dtype="f4")[...] = values
+    session.commit("grid")
+    keys = [f"v/c/{t}/0/0" for t in range(values.shape[0])]
+    plain = mount(root, "--no-grid-read-ahead")
+    expected = subprocess.run(["cat", *keys], cwd=plain.mountpoint, capture_output=True)
+    plain.stop()
+    m = mount(root, "--xattrs")
+    out = subprocess.run(["cat", *keys], cwd=m.mountpoint, capture_output=True, timeout=120)
+    assert out.returncode == expected.returncode == 0
+    assert out.stdout == expected.stdout and len(out.stdout) > 0
+    counters = stats(m)
+    assert counters["grid_readahead_requests"] > 0
+    assert counters["demand_requests"] + counters["grid_readahead_requests"] == len(keys)

@@ -239,3 +239,50 @@ def test_an_icechunk_array_is_walked_ahead_too(
     counters = stats(m)
     assert counters["grid_readahead_requests"] > 0
     assert counters["demand_requests"] + counters["grid_readahead_requests"] == len(keys)
+
+
+def test_concurrent_walkers_stay_within_a_small_budget(
+    mount: Callable[..., Mounted], served: tuple[NginxServer, Path], tmp_path: Path
+) -> None:
+    server, _ = served
+    refs, expected = granules(server, tmp_path)
+    m = mount(refs, "--xattrs", "--cache-size", "1M")
+    walkers = 4
+    regions = [[f"v/{t}.0.0" for t in range(w * 30, w * 30 + 30)] for w in range(walkers)]
+    readers = [
+        subprocess.Popen(["cat", *keys], cwd=m.mountpoint, stdout=subprocess.PIPE)
+        for keys in regions
+    ]
+    outputs = [reader.communicate(timeout=120)[0] for reader in readers]
+    for keys, got in zip(regions, outputs, strict=True):
+        assert got == b"".join(expected[k] for k in keys)
+    counters = stats(m)
+    assert counters["grid_readahead_requests"] > 0
+    assert counters["peak_bytes"] <= counters["budget"]
+    assert m.process.poll() is None
+
+
+@pytest.mark.parametrize(
+    "zarray",
+    [
+        "not json",
+        '{"shape": [120, 64, 64], "chunks": [0, 64, 64]}',
+        '{"shape": "x", "chunks": [1, 64, 64]}',
+        '{"shape": [120, 64], "chunks": [1, 64, 64]}',
+        '{"shape": [120, 64, 64], "chunks": [1, 64, 64], "dimension_separator": "/"}',
+    ],
+)
+def test_bad_metadata_costs_the_read_ahead_only(
+    mount: Callable[..., Mounted], served: tuple[NginxServer, Path], tmp_path: Path, zarray: str
+) -> None:
+    server, _ = served
+    refs, expected = granules(server, tmp_path, 12)
+    document = json.loads(refs.read_text())
+    document["refs"]["v/.zarray"] = zarray
+    refs.write_text(json.dumps(document))
+    m = mount(refs, "--xattrs")
+    keys = [f"v/{t}.0.0" for t in range(12)]
+    out = subprocess.run(["cat", *keys], cwd=m.mountpoint, capture_output=True, timeout=120)
+    assert out.stdout == b"".join(expected[k] for k in keys)
+    assert stats(m)["grid_readahead_requests"] == 0
+    assert m.process.poll() is None

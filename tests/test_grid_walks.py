@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 from refmount.cache.grid import (
+    INITIAL_WINDOW_CHUNKS,
+    MAX_WINDOW_CHUNKS,
     MIN_STEPS,
     ChunkKey,
     GridWalks,
@@ -162,3 +164,15 @@ def test_out_of_grid_reads_are_ignored() -> None:
     tracker = walks()
     assert tracker.observe("v", (5, 0), (4, 1), CHUNK, now=0.0) is None
     assert tracker.observe("v", (1, 0, 0), (4, 1), CHUNK, now=0.0) is None
+
+
+def test_tiny_chunks_do_not_make_a_window_of_a_million_chunks() -> None:
+    tracker = walks()
+    counts = (10_000_000,)
+    sizes = []
+    for t in range(5000):
+        ahead = tracker.observe("v", (t,), counts, 1, now=0.0)
+        if ahead is not None:
+            sizes.append(ahead.indices[-1][0] - t)
+    assert sizes[0] == INITIAL_WINDOW_CHUNKS
+    assert max(sizes) == MAX_WINDOW_CHUNKS

@@ -110,9 +110,19 @@ class ChunkReadAhead:
         self.walks = GridWalks(ahead_budget=ahead_budget)
         self._refset: RefSet | None = None
         self._grids: dict[str, Counts | None] = {}
+        self._failed = False
 
     async def observe(self, refset: RefSet, key: str, size: int) -> None:
-        """A reader read (part of) file ``key`` of ``refset``, ``size`` bytes long."""
+        """A reader read (part of) file ``key`` of ``refset``, ``size`` bytes long.
+        Never fails the read: a fault here costs only the read-ahead."""
+        try:
+            await self._observe(refset, key, size)
+        except Exception:
+            if not self._failed:
+                self._failed = True
+                log.exception("grid read-ahead failed (logged once); reads go on")
+
+    async def _observe(self, refset: RefSet, key: str, size: int) -> None:
         chunk = parse_chunk_key(key)
         if chunk is None:
             return

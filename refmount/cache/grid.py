@@ -18,12 +18,12 @@ chunk.  The views know the grid, so the walk is seen here instead:
 An array keeps a few walks (concurrent readers each get one), least recently used first.
 A read of the chunk a walk expects next, or of one it has read ahead, continues it; any
 other read starts a new walk.  A walk earns read-ahead after ``MIN_STEPS`` steps in one
-direction (random readers almost never make two in a row), starting at
+direction (random readers almost never make three in a row), starting at
 ``initial_window`` bytes' worth of chunks and doubling each time the reader gets through
-half of it, up to ``max_window``, and never past the walk's end.  Each walk's window is
-also capped at its fair share of the read-ahead budget: the budget divided among the
-walks with read-ahead seen within ``ACTIVE_SECONDS``.  A walk that breaks leaves at most
-its window read ahead unused.
+half of it, up to ``max_window`` (and ``MAX_WINDOW_CHUNKS``), never past the walk's end.
+Each walk's window is also capped at its fair share of the read-ahead budget: the budget
+divided among the walks with read-ahead seen within ``ACTIVE_SECONDS``.  A walk that
+breaks leaves at most its window read ahead unused.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ from dataclasses import dataclass
 
 INITIAL_WINDOW = 1 << 20
 MAX_WINDOW = 64 << 20
+#: Chunks a window holds at most, and at first, however small the chunks: each is a
+#: lookup and a request, and this many already hide a round trip many times over.
+MAX_WINDOW_CHUNKS = 1024
+INITIAL_WINDOW_CHUNKS = 64
 MIN_STEPS = 3  # steps in one direction before read-ahead starts (random readers: ~never)
 WALKS_PER_ARRAY = 32  # 16 concurrent walkers, and room for random readers beside them
 MAX_ARRAYS = 1024
@@ -306,10 +310,10 @@ class GridWalks:
         while (oldest := next(iter(active))).seen < cutoff:
             del active[oldest]
         share = self.ahead_budget // len(active)
-        cap = max(1, min(self.max_window, share) // chunk_bytes)
+        cap = min(max(1, min(self.max_window, share) // chunk_bytes), MAX_WINDOW_CHUNKS)
         pos = walk.pos
         if walk.window == 0:
-            walk.window = max(1, self.initial_window // chunk_bytes)
+            walk.window = min(max(1, self.initial_window // chunk_bytes), INITIAL_WINDOW_CHUNKS)
             walk.grow_at = pos + max(1, walk.window // 2)
         elif pos >= walk.grow_at:
             walk.window *= 2

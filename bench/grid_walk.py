@@ -12,6 +12,8 @@ read-ahead (``--no-grid-read-ahead``: the path before issue 39):
 
   limit     obstore in-process: one ``get_range_async`` per chunk, 16 in flight
   cat       one ``cat`` of ``v/0.0.0 ... v/{T-1}.0.0`` in key order
+  cat16     16 ``cat`` processes at once, each over its own run of T/16 keys in order
+            (16 walkers sharing the read-ahead budget)
   series    a time series at one point: one process ``pread``s 16 KiB at one offset of
             each chunk file, in ``t`` order (its limit: the limit row's time for the
             whole chunks)
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -122,6 +125,18 @@ def read_through(mnt: Path, row: str, t: int) -> float:
     if row == "cat":
         out = subprocess.run(["cat", *keys], cwd=mnt, capture_output=True, check=True)
         assert len(out.stdout) == t * CHUNK
+    elif row == "cat16":
+        runs = [keys[n * t // PARALLEL : (n + 1) * t // PARALLEL] for n in range(PARALLEL)]
+        # Into files, not pipes: a pipe nobody drains yet would hold its reader back.
+        with contextlib.ExitStack() as stack:
+            outs = [stack.enter_context(tempfile.TemporaryFile()) for _ in runs]
+            readers = [
+                subprocess.Popen(["cat", *run], cwd=mnt, stdout=out)
+                for run, out in zip(runs, outs, strict=True)
+            ]
+            assert all(reader.wait() == 0 for reader in readers)
+            got = sum(os.fstat(out.fileno()).st_size for out in outs)
+        assert got == t * CHUNK, got
     elif row == "series":
         text = subprocess.run(
             [sys.executable, "-c", SERIES, str(CHUNK // 2), str(POINT), *keys],
@@ -178,7 +193,7 @@ def main() -> None:
     parser.add_argument("--t", type=int, default=600, help="chunks (objects) along time")
     parser.add_argument("--delay", type=float, default=0.01, help="nginx delay per request")
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--rows", nargs="+", default=["cat", "series", "ncdump"])
+    parser.add_argument("--rows", nargs="+", default=["cat", "cat16", "series", "ncdump"])
     parser.add_argument("--without", action="store_true", help="rows without read-ahead too")
     parser.add_argument("--workdir", type=Path, help="(default: a temporary directory)")
     args = parser.parse_args()

@@ -249,13 +249,15 @@ def test_concurrent_walkers_stay_within_a_small_budget(
     m = mount(refs, "--xattrs", "--cache-size", "1M")
     walkers = 4
     regions = [[f"v/{t}.0.0" for t in range(w * 30, w * 30 + 30)] for w in range(walkers)]
-    readers = [
-        subprocess.Popen(["cat", *keys], cwd=m.mountpoint, stdout=subprocess.PIPE)
-        for keys in regions
-    ]
-    outputs = [reader.communicate(timeout=120)[0] for reader in readers]
-    for keys, got in zip(regions, outputs, strict=True):
-        assert got == b"".join(expected[k] for k in keys)
+    # Into files, not pipes: a pipe nobody drains yet would hold its reader back.
+    outs = [tmp_path / f"walker{w}.out" for w in range(walkers)]
+    readers = []
+    for keys, out in zip(regions, outs, strict=True):
+        with out.open("wb") as sink:
+            readers.append(subprocess.Popen(["cat", *keys], cwd=m.mountpoint, stdout=sink))
+    assert all(reader.wait(timeout=120) == 0 for reader in readers)
+    for keys, out in zip(regions, outs, strict=True):
+        assert out.read_bytes() == b"".join(expected[k] for k in keys)
     counters = stats(m)
     assert counters["grid_readahead_requests"] > 0
     assert counters["peak_bytes"] <= counters["budget"]

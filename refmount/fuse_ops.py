@@ -317,7 +317,7 @@ class Operations(pyfuse3.Operations):
             return ref.data[off:end]
         assert ref.url is not None
         if self.ahead is not None:
-            await self.ahead.observe(self.tree.refset, handle.key, handle.size)
+            await self.ahead.observe(self.tree.refset, handle.key, handle.size, ref.url)
         return await self.cache.read_buffer(
             ref.url,
             ref.offset + off,

@@ -288,3 +288,24 @@ def test_bad_metadata_costs_the_read_ahead_only(
     assert out.stdout == b"".join(expected[k] for k in keys)
     assert stats(m)["grid_readahead_requests"] == 0
     assert m.process.poll() is None
+
+
+def test_chunks_back_to_back_in_one_object_are_left_to_its_stream(
+    mount: Callable[..., Mounted], served: tuple[NginxServer, Path], tmp_path: Path
+) -> None:
+    server, _ = served
+    refs, expected = granules(server, tmp_path)
+    document = json.loads(refs.read_text())
+    keys = [f"v/{t}.0.0" for t in range(T)]
+    (server.root / "all.bin").write_bytes(b"".join(expected[k] for k in keys))
+    for n, key in enumerate(keys):
+        document["refs"][key] = [f"{server.url}/all.bin", n * CHUNK, CHUNK]
+    refs.write_text(json.dumps(document))
+    m = mount(refs, "--xattrs")
+    out = subprocess.run(["cat", *keys], cwd=m.mountpoint, capture_output=True, timeout=120)
+    assert out.stdout == b"".join(expected[k] for k in keys)
+    counters = stats(m)
+    assert counters["grid_readahead_requests"] == 0
+    # No byte fetched twice: the stream's blocks and nothing else.
+    fetched = counters["demand_bytes"] + counters["readahead_bytes"]
+    assert fetched <= T * CHUNK + counters["block_size"]

@@ -6,7 +6,8 @@ The tree's keys name the grid (``v/3.0.0``, ``v/c/3/0/0``); the array's metadata
 (``.zarray``, or ``zarr.json``), held inline by the set or the view, gives its chunk
 counts.  A predicted key is resolved through the set like any lookup, and its reference
 fetched whole by whatever serves the mount's reads (``prefetch``: the block cache, or
-the decoded view, which decodes ahead in its workers).  Keys the set does not hold
+the decoded view, which decodes ahead in its workers), unless it lies in the object
+being read: that object's sequential stream reads ahead within it.  Keys the set does not hold
 (chunks never written) are skipped; failures are left to the reader, who meets them on
 its own read.
 """
@@ -112,17 +113,17 @@ class ChunkReadAhead:
         self._grids: dict[str, Counts | None] = {}
         self._failed = False
 
-    async def observe(self, refset: RefSet, key: str, size: int) -> None:
-        """A reader read (part of) file ``key`` of ``refset``, ``size`` bytes long.
+    async def observe(self, refset: RefSet, key: str, size: int, url: str) -> None:
+        """A reader read (part of) file ``key`` of ``refset``, ``size`` bytes of ``url``.
         Never fails the read: a fault here costs only the read-ahead."""
         try:
-            await self._observe(refset, key, size)
+            await self._observe(refset, key, size, url)
         except Exception:
             if not self._failed:
                 self._failed = True
                 log.exception("grid read-ahead failed (logged once); reads go on")
 
-    async def _observe(self, refset: RefSet, key: str, size: int) -> None:
+    async def _observe(self, refset: RefSet, key: str, size: int, url: str) -> None:
         chunk = parse_chunk_key(key)
         if chunk is None:
             return
@@ -132,7 +133,7 @@ class ChunkReadAhead:
         ahead = self.walks.observe(
             (id(refset), chunk.prefix), chunk.index, counts, size, trio.current_time()
         )
-        if ahead is not None and not self.owner.spawn(self._fetch, refset, chunk, ahead):
+        if ahead is not None and not self.owner.spawn(self._fetch, refset, chunk, ahead, url):
             ahead.fell_short(0)
 
     async def _grid(self, refset: RefSet, chunk: ChunkKey) -> Counts | None:
@@ -170,9 +171,10 @@ class ChunkReadAhead:
             return None
         return meta if isinstance(meta, dict) else None
 
-    async def _fetch(self, refset: RefSet, chunk: ChunkKey, ahead: Ahead) -> None:
+    async def _fetch(self, refset: RefSet, chunk: ChunkKey, ahead: Ahead, url: str) -> None:
         """Resolve the predicted chunks and start their fetches, in order, until the
-        budget has no room."""
+        budget has no room.  Chunks in ``url``, the object the reader is in, are left to
+        that object's sequential stream (which fetches back-to-back chunks as one)."""
         for n, index in enumerate(ahead.indices):
             key = chunk.key(index)
             try:
@@ -184,8 +186,8 @@ class ChunkReadAhead:
                 log.debug("grid read-ahead of %s stopped", key, exc_info=True)
                 ahead.fell_short(n)
                 return
-            if ref.url is None or ref.length is None:
-                continue  # inline, or a whole file whose size is not known yet
+            if ref.url is None or ref.length is None or ref.url == url:
+                continue  # inline, a whole file whose size is not known yet, or url
             if not self.reads.prefetch(ref):
                 ahead.fell_short(n)
                 return

@@ -320,8 +320,11 @@ class GridWalks:
             walk.grow_at = pos + max(1, walk.window // 2)
         walk.window = min(walk.window, cap)
         walk.ahead = max(walk.ahead, pos)
-        target = min(pos + walk.window, walk.length(counts) - 1)
-        if target <= walk.ahead:
+        last = walk.length(counts) - 1
+        target = min(pos + walk.window, last)
+        # Refilled a quarter of the window at a time (each answer is a task and a batch
+        # of lookups for the caller), to the end of the walk at once.
+        if target <= walk.ahead or (target - walk.ahead < walk.window // 4 and target < last):
             return None
         first = walk.ahead + 1
         indices = [walk.at(o, counts) for o in range(first, target + 1)]

@@ -176,3 +176,36 @@ def test_tiny_chunks_do_not_make_a_window_of_a_million_chunks() -> None:
             sizes.append(ahead.indices[-1][0] - t)
     assert sizes[0] == INITIAL_WINDOW_CHUNKS
     assert max(sizes) == MAX_WINDOW_CHUNKS
+
+
+def test_a_reader_of_a_box_inside_rows_earns_no_read_ahead() -> None:
+    tracker = walks()
+    counts = (20, 16)
+    box = [(y, x) for y in range(20) for x in range(4, 10)]  # C order over a selection
+    assert all(tracker.observe("v", i, counts, CHUNK, now=0.0) is None for i in box)
+
+
+def test_a_box_from_the_row_start_reads_ahead_only_to_the_end_of_its_row() -> None:
+    tracker = walks()
+    counts = (20, 16)
+    box = [(y, x) for y in range(20) for x in range(0, 10)]
+    fetched: list[tuple[int, ...]] = []
+    for index in box:
+        ahead = tracker.observe("v", index, counts, CHUNK, now=0.0)
+        if ahead is not None:
+            assert all(y == index[0] for y, _ in ahead.indices)  # never the next row
+            fetched += ahead.indices
+    wasted = len(set(fetched) - set(box))
+    assert wasted <= 20 * (16 - 10)
+
+
+def test_a_walk_of_the_whole_grid_reads_ahead_across_rows_once_it_crossed_one() -> None:
+    tracker = walks()
+    counts = (20, 16)
+    order = [(y, x) for y in range(20) for x in range(16)]
+    reach = []
+    for index in order:
+        ahead = tracker.observe("v", index, counts, CHUNK, now=0.0)
+        if ahead is not None:
+            reach.append(ahead.indices[-1][0] - index[0])
+    assert max(reach) >= 1  # some read-ahead reached into later rows

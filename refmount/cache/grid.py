@@ -21,7 +21,11 @@ other read starts a new walk.  A walk earns read-ahead after ``MIN_STEPS`` steps
 direction (random readers almost never make three in a row), starting at
 ``initial_window`` bytes' worth of chunks and doubling each time the reader gets through
 half of it, up to ``max_window`` (and ``MAX_WINDOW_CHUNKS``), never past the walk's end.
-Each walk's window is also capped at its fair share of the read-ahead budget: the budget
+A reader of a box of the grid (a selection) walks its rows in C order too, but its rows
+end before the grid's: until a C-order walk has gone on from one row of the grid to the
+next, it reads ahead only to the end of its row, and not at all if it began inside a row
+(a box that starts there: it would waste a window per row).  Each walk's window is
+also capped at its fair share of the read-ahead budget: the budget
 divided among the walks with read-ahead seen within ``ACTIVE_SECONDS``.  A walk that
 breaks leaves at most its window read ahead unused.
 """
@@ -125,7 +129,19 @@ class Walk:
     ``pos`` is its ordinal along the walk: the rank in C order, the index along the
     walked axis otherwise (the other indices stay ``index``'s)."""
 
-    __slots__ = ("ahead", "direction", "grow_at", "index", "pos", "rank", "seen", "steps", "window")
+    __slots__ = (
+        "ahead",
+        "boxed",
+        "crossed",
+        "direction",
+        "grow_at",
+        "index",
+        "pos",
+        "rank",
+        "seen",
+        "steps",
+        "window",
+    )
 
     def __init__(self, index: tuple[int, ...], rank: int, now: float) -> None:
         self.index = index
@@ -137,6 +153,12 @@ class Walk:
         self.ahead = 0  # read-ahead has been issued up to this ordinal
         self.grow_at = 0
         self.seen = now
+        #: A C-order walk went on from the end of a row of the grid to the next row: it
+        #: walks the whole grid, not a box of it (see ``GridWalks._top_up``).
+        self.crossed = False
+        #: A C-order walk that began inside a row: maybe a reader of a box of the grid
+        #: (a selection), whose rows end before the grid's; no read-ahead until crossed.
+        self.boxed = False
 
     def at(self, ordinal: int, counts: tuple[int, ...]) -> tuple[int, ...]:
         """The chunk index at ``ordinal`` along the walk."""
@@ -174,13 +196,18 @@ class Ahead:
 
 
 class _Array:
-    """The walks of one array, least recently used first, and its grid's strides."""
+    """The walks of one array, least recently used first, its grid's strides, and its
+    innermost axis of more than one chunk (-1: none), along which a grid's rows run."""
 
-    __slots__ = ("counts", "strides", "walks")
+    __slots__ = ("counts", "inner", "strides", "walks")
 
     def __init__(self, counts: tuple[int, ...]) -> None:
         self.counts = counts
         self.strides = _strides(counts)
+        inner = max((d for d, n in enumerate(counts) if n > 1), default=-1)
+        # A grid of one row (no axis of more than one chunk before it) has no box to
+        # tell apart from a walk of the whole grid.
+        self.inner = inner if any(n > 1 for n in counts[: max(inner, 0)]) else -1
         self.walks: list[Walk] = []
 
 
@@ -246,9 +273,9 @@ class GridWalks:
         if walks[-1] is not walk:
             walks.remove(walk)
             walks.append(walk)
-        if walk.steps < MIN_STEPS:
+        if walk.steps < MIN_STEPS or (walk.boxed and not walk.crossed):
             return None
-        return self._top_up(walk, counts, max(chunk_bytes, 1), now)
+        return self._top_up(walk, state, max(chunk_bytes, 1), now)
 
     def _step(self, state: _Array, index: tuple[int, ...], rank: int) -> Walk | None:
         """The walk this read goes on with (moved on to it), if any.  A read of the chunk
@@ -274,6 +301,9 @@ class GridWalks:
                         continue
                     direction = axis
                 walk.direction = direction
+                inner = state.inner
+                walk.crossed = inner < 0
+                walk.boxed = direction == C_ORDER and inner >= 0 and walk.index[inner] > 0
                 walk.steps = 1
                 walk.pos = rank if direction == C_ORDER else index[direction]
                 walk.ahead = walk.pos
@@ -282,6 +312,9 @@ class GridWalks:
                     continue
                 walk.steps += 1
                 walk.pos = rank
+                inner = state.inner
+                if inner >= 0 and index[inner] < walk.index[inner]:
+                    walk.crossed = True
             else:
                 stride = strides[direction]
                 if d % stride:
@@ -300,9 +333,8 @@ class GridWalks:
         for walk in walks:
             self._active.pop(walk, None)
 
-    def _top_up(
-        self, walk: Walk, counts: tuple[int, ...], chunk_bytes: int, now: float
-    ) -> Ahead | None:
+    def _top_up(self, walk: Walk, state: _Array, chunk_bytes: int, now: float) -> Ahead | None:
+        counts = state.counts
         active = self._active
         active[walk] = None
         active.move_to_end(walk)
@@ -321,6 +353,12 @@ class GridWalks:
         walk.window = min(walk.window, cap)
         walk.ahead = max(walk.ahead, pos)
         last = walk.length(counts) - 1
+        inner = state.inner
+        if walk.direction == C_ORDER and not walk.crossed and inner >= 0:
+            # Until it goes on to the next row, a C-order walk may be a reader of a box
+            # of the grid (a selection), whose rows end sooner: read ahead to the end of
+            # the row only, so that such a reader wastes at most the rest of a row.
+            last = min(last, pos + counts[inner] - 1 - walk.index[inner])
         target = min(pos + walk.window, last)
         # Refilled a quarter of the window at a time (each answer is a task and a batch
         # of lookups for the caller), to the end of the walk at once.

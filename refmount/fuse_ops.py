@@ -49,6 +49,7 @@ class OpenFile:
     key: str
     ref: Ref
     size: int
+    inode: int
 
 
 class OnceLog:
@@ -291,7 +292,7 @@ class Operations(pyfuse3.Operations):
 
     async def _file(self, tree: Tree, inode: int) -> OpenFile:
         ref = await tree.ref(inode)
-        return OpenFile(tree.key(inode), ref, await tree.size(ref))
+        return OpenFile(tree.key(inode), ref, await tree.size(ref), inode)
 
     async def _unopened(self, inode: int) -> OpenFile:
         """The file an inode names, for a READ without OPEN: in the current tree, else in
@@ -317,7 +318,7 @@ class Operations(pyfuse3.Operations):
             return ref.data[off:end]
         assert ref.url is not None
         if self.ahead is not None:
-            await self.ahead.observe(self.tree.refset, handle.key, handle.size, ref.url)
+            await self.ahead.observe(self.tree, handle.inode, handle.size, ref.url)
         return await self.cache.read_buffer(
             ref.url,
             ref.offset + off,

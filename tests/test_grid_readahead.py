@@ -309,3 +309,29 @@ def test_chunks_back_to_back_in_one_object_are_left_to_its_stream(
     # No byte fetched twice: the stream's blocks and nothing else.
     fetched = counters["demand_bytes"] + counters["readahead_bytes"]
     assert fetched <= T * CHUNK + counters["block_size"]
+
+
+def test_the_sets_of_a_catalog_are_walked_ahead(
+    mount: Callable[..., Mounted], served: tuple[NginxServer, Path], tmp_path: Path
+) -> None:
+    server, log = served
+    refs, expected = granules(server, tmp_path, 60)
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "run0.json").write_text(refs.read_text())
+    # run1: the same chunks in objects of their own.
+    (server.root / "g1").mkdir()
+    for n in range(60):
+        (server.root / "g1" / f"{n}.bin").write_bytes(expected[f"v/{n}.0.0"])
+    (catalog / "run1.json").write_text(refs.read_text().replace("/g/", "/g1/"))
+    m = mount(catalog, "--xattrs")
+    before = requests(log)
+    ahead = [0]
+    for name in ("run0", "run1"):
+        keys = [f"{name}/v/{t}.0.0" for t in range(60)]
+        out = subprocess.run(["cat", *keys], cwd=m.mountpoint, capture_output=True, timeout=120)
+        assert out.stdout == b"".join(expected[f"v/{t}.0.0"] for t in range(60))
+        ahead.append(stats(m)["grid_readahead_requests"])
+    assert ahead[0] < ahead[1] < ahead[2]  # each set was walked ahead
+    assert requests(log) - before == 120
+    assert stats(m)["grid_readahead_unused"] == 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -33,6 +34,12 @@ log = logging.getLogger(__name__)
 MAX_METADATA = 1 << 20
 
 Counts = tuple[int, ...]
+
+
+class SetOwner(Protocol):
+    """A tree: which reference set a file inode is of, and its key there."""
+
+    def owning_set(self, inode: int) -> tuple[RefSet, str]: ...
 
 
 class Prefetcher(Protocol):
@@ -109,13 +116,20 @@ class ChunkReadAhead:
         self.owner = owner
         self.reads = reads
         self.walks = GridWalks(ahead_budget=ahead_budget)
-        self._refset: RefSet | None = None
-        self._grids: dict[str, Counts | None] = {}
+        # The chunk counts per array prefix of each set read lately (a catalog's sets
+        # come and go; a reload makes a new set).
+        self._grids: weakref.WeakKeyDictionary[RefSet, dict[str, Counts | None]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._failed = False
 
-    async def observe(self, refset: RefSet, key: str, size: int, url: str) -> None:
-        """A reader read (part of) file ``key`` of ``refset``, ``size`` bytes of ``url``.
+    async def observe(self, tree: SetOwner, inode: int, size: int, url: str) -> None:
+        """A reader read (part of) file ``inode`` of ``tree``, ``size`` bytes of ``url``.
         Never fails the read: a fault here costs only the read-ahead."""
+        try:
+            refset, key = tree.owning_set(inode)
+        except Exception:  # a file of a set a reload replaced: no read-ahead for it
+            return
         try:
             await self._observe(refset, key, size, url)
         except Exception:
@@ -137,20 +151,20 @@ class ChunkReadAhead:
             ahead.fell_short(0)
 
     async def _grid(self, refset: RefSet, chunk: ChunkKey) -> Counts | None:
-        if refset is not self._refset:  # a reload: the grids are the new set's
-            self._refset = refset
-            self._grids = {}
-        if chunk.prefix in self._grids:
-            return self._grids[chunk.prefix]
+        grids = self._grids.get(refset)
+        if grids is None:
+            grids = self._grids[refset] = {}
+        if chunk.prefix in grids:
+            return grids[chunk.prefix]
         counts = None
         for key, v3, in_c in _metadata_keys(chunk):
             meta = await self._metadata(refset, key)
             if meta is not None:
                 counts = _v3_counts(meta, chunk, in_c) if v3 else _v2_counts(meta, chunk)
                 break
-        if len(self._grids) >= 4096:
-            self._grids.clear()
-        self._grids[chunk.prefix] = counts
+        if len(grids) >= 4096:
+            grids.clear()
+        grids[chunk.prefix] = counts
         return counts
 
     async def _metadata(self, refset: RefSet, key: str) -> Mapping[str, Any] | None:

@@ -35,7 +35,7 @@ def test_chunk_keys_of_v2_and_v3_are_parsed_and_made_again() -> None:
     assert chunk is not None and chunk.key((3, 0)) == "a/b/3.0"
 
 
-def test_a_walk_in_c_order_earns_read_ahead_after_two_steps_and_grows() -> None:
+def test_a_walk_in_c_order_earns_read_ahead_after_three_steps_and_grows() -> None:
     tracker = walks()
     counts = (10, 2, 3)
     order = [(t, y, x) for t in range(10) for y in range(2) for x in range(3)]

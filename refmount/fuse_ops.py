@@ -23,6 +23,7 @@ from typing import Any
 import pyfuse3
 
 from refmount.cache import BlockCache
+from refmount.cache.chunkahead import ChunkReadAhead
 from refmount.errors import FetchError
 from refmount.fetch import FetchStats
 from refmount.redaction import display_url
@@ -48,6 +49,7 @@ class OpenFile:
     key: str
     ref: Ref
     size: int
+    inode: int
 
 
 class OnceLog:
@@ -132,6 +134,8 @@ class Operations(pyfuse3.Operations):
         self.known: dict[int, int] = {}  # file inode -> the kernel's lookup count
         self.negatives: set[tuple[int, str]] = set()  # (parent inode, name) cached missing
         self.retired: list[Tree] = []  # trees a reload replaced, while they may be read
+        #: Read-ahead along arrays' chunk grids, told of every read of a file.
+        self.ahead: ChunkReadAhead | None = None
 
     def _subject(self, op: str, args: tuple[Any, ...]) -> str:
         """What a failed request was about (a key or directory path), for its message."""
@@ -288,7 +292,7 @@ class Operations(pyfuse3.Operations):
 
     async def _file(self, tree: Tree, inode: int) -> OpenFile:
         ref = await tree.ref(inode)
-        return OpenFile(tree.key(inode), ref, await tree.size(ref))
+        return OpenFile(tree.key(inode), ref, await tree.size(ref), inode)
 
     async def _unopened(self, inode: int) -> OpenFile:
         """The file an inode names, for a READ without OPEN: in the current tree, else in
@@ -313,6 +317,8 @@ class Operations(pyfuse3.Operations):
         if ref.data is not None:
             return ref.data[off:end]
         assert ref.url is not None
+        if self.ahead is not None:
+            await self.ahead.observe(self.tree, handle.inode, handle.size, ref.url)
         return await self.cache.read_buffer(
             ref.url,
             ref.offset + off,

@@ -86,6 +86,8 @@ class Config:
     #: Fetch workers).
     fetch_workers: int = 0
     read_ahead_kb: int = 16384
+    #: Read ahead along arrays' chunk grids, across files (docs/performance.md).
+    grid_read_ahead: bool = True
     max_background: int = 64
     allow_other: bool = False
     allow_root: bool = False
@@ -390,6 +392,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=Config.read_ahead_kb,
         metavar="KB",
         help="kernel read-ahead set on the mount (default %(default)s)",
+    )
+    g.add_argument(
+        "--no-grid-read-ahead",
+        dest="grid_read_ahead",
+        action="store_false",
+        default=Config.grid_read_ahead,
+        help="do not fetch the next chunks ahead of a reader walking an array's chunk "
+        "grid (C order, or along one axis), chunk files in different objects",
     )
     g.add_argument(
         "--max-background",

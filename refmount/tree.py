@@ -153,6 +153,10 @@ class Tree:
     def key(self, inode: int) -> str:
         return self.refset.key(self._file_id(inode))
 
+    def owning_set(self, inode: int) -> tuple[RefSet, str]:
+        """The reference set a file inode is of, and its key there."""
+        return self.refset, self.key(inode)
+
     def path(self, inode: int) -> str:
         """The key of a file or the path of a directory, for messages."""
         return self._dir_paths.get(inode, "?") if self.is_dir(inode) else self.key(inode)

@@ -2,7 +2,9 @@
 
 ``parts`` (a request's bytes and its fetch state), ``streams`` (which reads are
 sequential and what to prefetch), ``budget`` (memory and eviction) are pure bookkeeping;
-``blockcache`` orchestrates them with the fetcher in a trio nursery.
+``blockcache`` orchestrates them with the fetcher in a trio nursery.  ``grid`` (walks along
+an array's chunk grid: pure) and ``chunkahead`` (which fetches what they predict, across
+files) read ahead for readers of chunk keys.
 """
 
 from refmount.cache.blockcache import BLOCK_SIZE, MAX_PART, BlockCache

@@ -74,7 +74,7 @@ from refmount.fetch import Fetcher
 from refmount.fetch.buffers import BufferPool
 from refmount.nursery import Owned
 from refmount.redaction import redact
-from refmount.refs.model import Checksum
+from refmount.refs.model import Checksum, Ref
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +164,9 @@ class BlockCache(Owned):
                 "readahead_bytes",
                 "uncached_reads",
                 "fetch_errors",
+                "grid_readahead_requests",
+                "grid_readahead_bytes",
+                "grid_readahead_used",
             ),
             0,
         )
@@ -217,10 +220,35 @@ class BlockCache(Owned):
                 return result
         return await self._direct(url, start, end, checksum)
 
+    def prefetch(self, ref: Ref) -> bool:
+        """Fetch a whole reference ahead of its reader (grid read-ahead:
+        :mod:`refmount.cache.chunkahead`), as one read-ahead part of the budget; True if
+        its bytes are cached or on their way already (or it is not one to fetch ahead:
+        too large for one part), False if the read-ahead budget has no room."""
+        url, start = ref.url, ref.offset
+        if url is None or ref.length is None or self._nursery is None:
+            return True
+        end = start + ref.length
+        if not 0 < end - start <= self.max_part:
+            return True
+        key = (url, ref.checksum, start, end)
+        if key in self._exact or (url, ref.checksum, start // self.block_size) in self._index:
+            return True
+        if not self._reserve((end - start) * INFLIGHT_COST, ahead=True):
+            return False
+        part = Part(url, start, end, ahead=True, exact=key, checksum=ref.checksum)
+        self._exact[key] = part
+        self._counters["grid_readahead_requests"] += 1
+        self._counters["grid_readahead_bytes"] += end - start
+        self._launch(part)
+        return True
+
     def stats(self) -> dict[str, int]:
         """Counters for logs and the mount's extended attributes."""
         memory = self.memory
         out = dict(self._counters)
+        # Bytes read ahead along chunk grids that no reader has read (so far).
+        out["grid_readahead_unused"] = out["grid_readahead_bytes"] - out["grid_readahead_used"]
         out.update(
             evictions=memory.evictions,
             peak_bytes=memory.peak,
@@ -271,6 +299,10 @@ class BlockCache(Owned):
                 await self._fly_inline([part])
             await part.wait()
         part.check()
+        if part.prefetched:
+            if part.consumed == 0:
+                self._counters["grid_readahead_used"] += part.end - part.start
+            self.memory.consume(part, end - start)
         self.memory.touch(part)
         return part.view(start, end)
 

@@ -23,7 +23,7 @@ from refmount.catalog.catalog import Catalog
 from refmount.catalog.inodes import RANGE_BITS
 from refmount.catalog.sets import CatalogSet
 from refmount.errors import FetchError
-from refmount.refs.model import Ref
+from refmount.refs.model import Ref, RefSet
 from refmount.tree import (
     ROOT_INODE,
     Entry,
@@ -115,6 +115,12 @@ class CatalogTree:
     def key(self, inode: int) -> str:
         item, local = self._set(inode)
         return self._answering(item, local).key(local)
+
+    def owning_set(self, inode: int) -> tuple[RefSet, str]:
+        """The reference set of the catalog a file inode is of, and its key there."""
+        item, local = self._set(inode)
+        tree = self._answering(item, local)
+        return tree.refset, tree.key(local)
 
     def path(self, inode: int) -> str:
         path = self._catalog_dir(inode)

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import trio
 
 from refmount.cache import BlockCache, Part
-from refmount.cache.parts import State
+from refmount.cache.parts import INFLIGHT_COST, State
 from refmount.decode.chunkjob import MEASURE_SIZE
 from refmount.decode.codecs import Buffer, ChunkDecoding, DecodeError
 from refmount.decode.strings import StringMeasure
@@ -137,7 +137,15 @@ class DecodedReads:
         #: Inner chunks of a run whose job failed, decoded alone since (a bounded record).
         self._alone: OrderedDict[ChunkKey, None] = OrderedDict()
         self._counters = dict.fromkeys(
-            ("decoded_chunks", "decoded_bytes", "decoded_hits", "decode_errors"), 0
+            (
+                "decoded_chunks",
+                "decoded_bytes",
+                "decoded_hits",
+                "decode_errors",
+                "decoded_ahead",
+                "decoded_ahead_used",
+            ),
+            0,
         )
 
     def view(self, raw: RefSet) -> DecodedRefSet:
@@ -166,6 +174,7 @@ class DecodedReads:
         if not url.startswith(SCHEME):
             return await self.blocks.read_buffer(url, start, end, reference, checksum)
         part = await self._decoded(url)
+        assert part is not None  # only read-ahead goes without
         if end > part.end:
             raise FetchError(f"read past the end of a decoded chunk ({end} > {part.end})")
         return part.view(start, end)
@@ -184,11 +193,38 @@ class DecodedReads:
             raise FetchError("a decoded chunk of a reference set since replaced", errno.ESTALE)
         return found
 
-    async def _decoded(self, url: str) -> DecodedPart:
+    def prefetch(self, ref: Ref) -> bool:
+        """Fetch a reference ahead of its reader (grid read-ahead): a decoded chunk is
+        fetched and decoded in the workers in the background, as read-ahead of the
+        budget; any other goes to the block cache.  False when the read-ahead budget
+        has no room."""
+        url = ref.url
+        if url is None or not url.startswith(SCHEME):
+            return self.blocks.prefetch(ref)
+        memory = self.blocks.memory
+        size = (ref.length or 0) * INFLIGHT_COST
+        if memory.ahead_cached + memory.ahead_inflight + size > memory.ahead_limit:
+            memory.demote_stale(trio.current_time())
+            if memory.ahead_cached + memory.ahead_inflight + size > memory.ahead_limit:
+                return False
+        return self.blocks.spawn(self._decode_ahead, url) or True
+
+    async def _decode_ahead(self, url: str) -> None:
+        """A decoded chunk decoded ahead of its reader; failures are left to the reader."""
+        try:
+            await self._decoded(url, ahead=True)
+        except Exception:  # a task of the cache's nursery: nothing may escape it
+            log.debug("decoding %s ahead failed", url, exc_info=True)
+
+    async def _decoded(self, url: str, *, ahead: bool = False) -> DecodedPart | None:
+        """The decoded chunk of ``url``; ``ahead``: decoded as read-ahead, only if it is
+        not decoded or decoding already and the read-ahead budget has room (None)."""
         array, source, decoder = await self._source(url)
         if decoder.error is not None:
             raise FetchError(f"array {array or '/'!r}: {decoder.error}")
         key = (decoder.key, source)
+        if ahead and (key in self._chunks or isinstance(decoder, ShardDecoder)):
+            return None  # shards have their own read-ahead
         if key not in self._chunks and isinstance(decoder, ShardDecoder):
             await self._shard_landing(source)
         while (part := self._chunks.get(key)) is not None:
@@ -199,16 +235,23 @@ class DecodedReads:
             if part.retry:  # its run's job failed: decoded alone below
                 continue
             part.check()
+            if part.ahead:
+                self._counters["decoded_ahead_used"] += 1
             self.blocks.memory.touch(part)
             self._counters["decoded_hits"] += 1
             if part.prefetched and isinstance(decoder, ShardDecoder):  # a reader came
                 self._ahead_of(url, source, decoder)
             return part
-        part = DecodedPart(url, decoder.size)
-        self._chunks[key] = part
-        held = self.blocks.memory.reserve(part.reserved, ahead=False, now=0.0)
+        part = DecodedPart(url, decoder.size, ahead=ahead)
+        now = trio.current_time() if ahead else 0.0
+        held = self.blocks.memory.reserve(part.reserved, ahead=ahead, now=now)
         if not held:
+            if ahead:
+                return None
             part.reserved = 0
+        self._chunks[key] = part
+        if ahead:
+            self._counters["decoded_ahead"] += 1
         part.state = State.IN_FLIGHT
         try:
             data = await self._decode(array, source, decoder, url)
@@ -222,7 +265,7 @@ class DecodedReads:
         self.blocks.memory.release(part)
         part.land(data)
         if held:
-            self.blocks.memory.hold(part, 0.0)
+            self.blocks.memory.hold(part, now)
         else:
             # Kept until the next chunk that does not fit: its reader reads it in
             # pieces (one READ per 128 KiB to 1 MiB), and each would decode it again.

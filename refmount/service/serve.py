@@ -20,6 +20,7 @@ import pyfuse3
 import trio
 
 from refmount.cache import BlockCache
+from refmount.cache.chunkahead import ChunkReadAhead
 from refmount.cache.disk import DiskCache, DiskCacheConfig, DiskTier
 from refmount.cache.disk.cache import QUEUE_BYTES
 from refmount.cache.disk.tier import UNIT
@@ -125,6 +126,7 @@ class Daemon:
         owner = Owner(config.uid, config.gid, config.umask)
         tree = Tree(view(refset, config, None), owner, fetcher.size, fetcher.known_size)
         operations = Operations(tree, reads, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
+        _read_ahead_grids(operations, config, cache, reads)
         state = _mount_state(config, fetcher, reads, lambda: _key_count(operations.tree.refset))
         state.version = lambda: _raw(operations.tree.refset).source_version()
         control = _serve_state(operations, state, config)
@@ -164,6 +166,7 @@ class Daemon:
         cache, disk = _block_cache(config, fetcher, catalog.url_extent)
         reads, view, workers = _reads(config, cache)
         operations = Operations(tree, reads, fetcher.stats, xattrs=config.xattrs)  # type: ignore[arg-type]
+        _read_ahead_grids(operations, config, cache, reads)
         catalog.kernel = operations
         state = _mount_state(config, fetcher, reads, catalog.key_count, catalog.status)
         catalog.record = state.record_reload
@@ -400,6 +403,19 @@ def _reads(
         return files.view(refset, name or root_name(config))
 
     return files, view, workers
+
+
+def _read_ahead_grids(
+    operations: Operations,
+    config: Config,
+    cache: BlockCache,
+    reads: BlockCache | DecodedReads | NetcdfReads,
+) -> None:
+    """Read ahead along arrays' chunk grids (not in the netCDF view: its files are not
+    chunk keys, and it reads ahead within them itself)."""
+    if config.grid_read_ahead and not config.netcdf:
+        budget = cache.memory.ahead_limit
+        operations.ahead = ChunkReadAhead(cache, reads, ahead_budget=budget)  # type: ignore[arg-type]
 
 
 def decode_workers(config: Config) -> WorkerPool:

@@ -192,10 +192,17 @@ def read_gdal(path: Path, names: list[str], work: Path) -> dict[str, Values]:
 OCTAVE = """pkg load netcdf
 names = strsplit('{names}', ',');
 for i = 1:numel(names)
-  out = ['{work}/octave-' names{{i}} '.f8'];
+  out = ['{work}/octave-' names{{i}}];
   try
     v = ncread('{path}', names{{i}});
-    f = fopen(out, 'w'); fwrite(f, double(v(:)), 'double', 0, 'ieee-le'); fclose(f);
+    if ischar(v) || iscell(v)
+      if ischar(v)
+        v = cellstr(v');
+      end
+      f = fopen([out '.txt'], 'w'); fprintf(f, '%s\\n', v{{:}}); fclose(f);
+    else
+      f = fopen([out '.f8'], 'w'); fwrite(f, double(v(:)), 'double', 0, 'ieee-le'); fclose(f);
+    end
   catch err
     f = fopen([out '.err'], 'w'); fprintf(f, '%s', err.message); fclose(f);
   end
@@ -205,11 +212,14 @@ end
 R = """library(ncdf4)
 f <- nc_open("{path}")
 for (name in strsplit("{names}", ",")[[1]]) {{
-  out <- paste0("{work}/r-", name, ".f8")
+  out <- paste0("{work}/r-", name)
   tryCatch({{
     v <- ncvar_get(f, name)
-    if (is.character(v)) stop("text")
-    writeBin(as.double(v), out, size = 8, endian = "little")
+    if (is.character(v)) {{
+      writeLines(v, paste0(out, ".txt"), useBytes = TRUE)
+    }} else {{
+      writeBin(as.double(v), paste0(out, ".f8"), size = 8, endian = "little")
+    }}
   }}, error = function(e) writeLines(conditionMessage(e), paste0(out, ".err")))
 }}
 """
@@ -222,11 +232,14 @@ def read_files(
         return dict.fromkeys(names, why)
     out: dict[str, Values] = {}
     for name in names:
-        values, error = work / f"{prefix}-{name}.f8", work / f"{prefix}-{name}.f8.err"
+        base = work / f"{prefix}-{name}"
+        values, text, error = (base.with_suffix(s) for s in (".f8", ".txt", ".err"))
         if error.exists():
             out[name] = error.read_text().strip()[:160] or "error"
         elif values.exists():
             out[name] = np.fromfile(values, "<f8")
+        elif text.exists():  # text: one value a line (Octave's char matrix by column)
+            out[name] = [line.rstrip(" \0") for line in text.read_bytes().decode().splitlines()]
         else:
             out[name] = "nothing written"
     return out

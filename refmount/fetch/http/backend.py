@@ -14,9 +14,14 @@ at once and closes its connection; nothing is left running.
 
 What this client does not do itself goes to the backend that did it before (obstore,
 or fsspec where obstore cannot serve or the scope has headers of the user's): sizes and
-versions (HEAD, rare), URLs with user information, a query or a fragment, hosts reached
-through a proxy (``http_proxy``), and redirects (each redirected URL is remembered and
-asked there directly; which are followed is :mod:`refmount.fetch.redirects`').  TLS
+versions (HEAD, rare), paths that are not plain ASCII, hosts reached through a proxy
+(``http_proxy``), and an S3 endpoint's redirects (each redirected URL is remembered and
+asked there directly).  An ``http://`` or ``https://`` redirect is the fetcher's to
+follow (:class:`~refmount.fetch.redirects.Redirected`): the new URL is asked through the
+backend of its own origin, with nothing keyed to this one.  Each request to a host that
+``.netrc`` names carries its Basic credentials, and each carries the cookies the
+process's jar holds for its URL; cookies an answer sets are kept there
+(:mod:`refmount.fetch.logins`).  TLS
 (``https://``, and ``s3://`` endpoints over https) is a non-blocking ``ssl.SSLSocket``
 (:mod:`refmount.fetch.http.tls`) that decrypts into the same buffers; ``s3://`` requests
 are addressed and signed by :mod:`refmount.fetch.http.s3` and
@@ -59,6 +64,8 @@ from refmount.fetch.http.connection import Connection, ConnectionLost
 from refmount.fetch.http.pool import ConnectionPool
 from refmount.fetch.http.response import Head
 from refmount.fetch.http.s3 import S3Client
+from refmount.fetch.logins import Logins, for_process
+from refmount.fetch.redirects import Redirected
 from refmount.redaction import redact
 from refmount.refs.model import Checksum
 
@@ -66,6 +73,9 @@ log = logging.getLogger(__name__)
 
 #: Redirected URLs remembered (asked through the fallback directly).
 REDIRECTS_KEPT = 4096
+#: A redirect's or refusal's body read (and its connection kept) up to this size;
+#: a longer one closes the connection.
+SMALL_BODY = 64 << 10
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _USER_AGENT = "refmount"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -109,13 +119,16 @@ def _target(url: str, scheme: str) -> _Target | None:
     """Where an ``http://`` or ``https://`` URL's request goes (``scheme`` being the
     backend's), or None for one this client leaves to the fallback."""
     parts = urlsplit(url)
-    if parts.scheme != scheme or parts.query or parts.fragment or "@" in parts.netloc:
+    if parts.scheme != scheme or "@" in parts.netloc:
         return None
     try:
         host, port = parts.hostname, parts.port or _DEFAULT_PORTS[scheme]
     except ValueError:
         return None
-    return target_of(scheme, host or "", port, parts.path or "/")
+    path = parts.path or "/"
+    if parts.query:  # a pre-signed URL's signature, an OAuth step's parameters
+        path = f"{path}?{parts.query}"
+    return target_of(scheme, host or "", port, path)
 
 
 def _proxied(scheme: str, host: str) -> bool:
@@ -170,8 +183,13 @@ class HttpBackend:
         tls: ssl.SSLContext | None = None,
         s3: S3Client | None = None,
         buffers: BufferPool | None = None,
+        logins: Logins | None = None,
     ) -> None:
         self.headers = _checked_headers(headers)
+        #: .netrc credentials and cookies, for http:// and https:// (not S3's signed
+        #: requests)
+        self.logins = (logins or for_process()) if s3 is None else None
+        self._authorized = any(name.lower() == "authorization" for name in self.headers)
         #: where bodies' buffers come from (the block cache's evicted parts')
         self.buffers = buffers if buffers is not None else BufferPool()
         self.fallback = fallback
@@ -190,7 +208,9 @@ class HttpBackend:
         target = self._locate(url)
         if target is None or url in self._redirected:
             return await self.fallback.read(url, start, end, checksum)
-        request = request_head(target, start, end, self.headers, checksum, self.s3)
+        if self.logins is not None and (why := self.logins.refusal(target.host)) is not None:
+            raise FetchError(f"{why}; not asked again for a while", errno.EACCES)
+        request = request_head(target, start, end, self._headers(url, target), checksum, self.s3)
         if (target.host, target.port) not in self._hosts_seen:
             self._hosts_seen.add((target.host, target.port))
             log.info(
@@ -211,23 +231,64 @@ class HttpBackend:
                 connection = await self.pool.take_new(target.host, target.port)
                 await connection.send(request)
                 head = await connection.read_head()
-            if head.status in _REDIRECTS:
+            if self.logins is not None and head.cookies:
+                self.logins.keep(url, list(head.cookies))
+            failure: Exception | None = None
+            if head.status in _REDIRECTS and self.s3 is not None:
                 self._remember_redirect(url, head)
                 connection.close()
                 return await self.fallback.read(url, start, end, checksum)
-            data = await _body(url, connection, head, start, end, checksum, self.buffers)
+            if head.status in _REDIRECTS:
+                reusable = await _drained(connection, head)
+                failure = Redirected(url, head.status, head.get("location"))
+            elif head.status == 401 and self.logins is not None:
+                reusable = await _drained(connection, head)
+                failure = self._refused(target)
+            else:
+                data = await _body(url, connection, head, start, end, checksum, self.buffers)
+                reusable = not connection.closed
         except BaseException:
             connection.close()
             raise
-        if head.keeps_alive:
+        if reusable and head.keeps_alive:
             self.pool.give_back(target.host, target.port, connection)
         else:
             connection.close()
+        if failure is not None:
+            raise failure
         return data
 
     def start(self, nursery: trio.Nursery) -> None:
         """Run the connection pool's expiry in ``nursery`` (see :mod:`.pool`)."""
         self.pool.start(nursery)
+
+    def _headers(self, url: str, target: _Target) -> Mapping[str, str]:
+        """The user's headers, with the host's ``.netrc`` credentials (unless the user
+        gave an ``Authorization`` of their own) and the jar's cookies for ``url``."""
+        logins = self.logins
+        if logins is None:
+            return self.headers
+        extra = {}
+        if not self._authorized and (basic := logins.basic(target.host)) is not None:
+            extra["Authorization"] = basic
+        if (cookie := logins.cookie(url)) is not None:
+            extra["Cookie"] = cookie
+        return {**self.headers, **extra} if extra else self.headers
+
+    def _refused(self, target: _Target) -> FetchError:
+        """A 401, final (a retry is refused the same: no storm of logins), saying what
+        was sent.  A host that refused its .netrc credentials is not asked again for a
+        while (``Logins.refusal``)."""
+        host = target.host_header
+        if self.logins is not None and self.logins.has_credentials(target.host):
+            why = f"the login to {host} was refused (HTTP 401) with its .netrc credentials"
+            if not self._authorized:
+                self.logins.refused(target.host, why)
+        elif self._authorized:
+            why = f"{host} refused the Authorization given for it (HTTP 401)"
+        else:
+            why = f"{host} asks for a login (HTTP 401), and .netrc has no entry for it"
+        return FetchError(why, errno.EACCES)
 
     def _locate(self, url: str) -> _Target | None:
         if self.s3 is None:
@@ -293,6 +354,21 @@ async def _body(
     if status == 200 and size < length:
         connection.close()  # the rest of the object is not read
     return data
+
+
+async def _drained(connection: Connection, head: Head) -> bool:
+    """Read a small body (a redirect's, a refusal's) to its end, so that the connection
+    can serve the next request; whether it can (a long or unframed body is left
+    unread, and the connection must then be closed)."""
+    try:
+        length = head.framing()
+    except Exception:
+        return False
+    if length > SMALL_BODY:
+        return False
+    with memoryview(bytearray(length)) as into:
+        await connection.read_body(into)
+    return True
 
 
 @lru_cache(maxsize=REDIRECTS_KEPT)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Mounted
+from tests.conftest import Mounted, refmount_cli
 from tests.support.earthdata import (
     PASSWORD,
     TOKEN,
@@ -104,6 +104,32 @@ def test_netrc_logs_in_once_for_concurrent_readers(
     assert_no_leaks(edl, m)
 
 
+def test_the_reference_set_behind_the_login_opens_the_session_its_chunks_use(
+    mount: Callable[..., Mounted], tmp_path: Path, edl: Earthdata, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NETRC", str(write_netrc(tmp_path / "netrc")))
+    edl.files["refs.json"] = refs_for(tmp_path, edl).read_bytes()
+    m = mount(edl.archive.url("/data/refs.json"), "-d")
+    assert_exact(read_all(m), m)
+    assert edl.login.count("/oauth/authorize") == 1  # the set's reading logged in
+    assert_no_leaks(edl, m)
+
+
+def test_a_bearer_token_in_refs_options_reads_the_set_behind_the_login(
+    mount: Callable[..., Mounted], tmp_path: Path, edl: Earthdata
+) -> None:
+    edl.files["refs.json"] = refs_for(tmp_path, edl).read_bytes()
+    bearer = {"headers": {"Authorization": f"Bearer {TOKEN}"}}
+    m = mount(
+        edl.archive.url("/data/refs.json"),
+        *("--refs-options", json.dumps(bearer)),
+        *("--remote-options", json.dumps({edl.archive.origin: bearer})),
+    )
+    assert_exact(read_all(m, readers=2), m)
+    assert edl.login.requests == []
+    assert_no_leaks(edl, m)
+
+
 def test_an_expired_session_is_renewed(
     mount: Callable[..., Mounted], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -162,3 +188,20 @@ def test_an_https_to_http_redirect_is_refused(
         assert "redirected from https:// to http://127.0.0.5" in m.log()
     finally:
         plain.stop()
+
+
+def test_check_probe_names_the_login_host_and_its_status(
+    tmp_path: Path, edl: Earthdata, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NETRC", str(write_netrc(tmp_path / "netrc", password="wrong")))
+    result = refmount_cli(
+        "check", "--json", str(refs_for(tmp_path, edl)), "--probe", "4", "--retries", "0"
+    )
+    report = json.loads(result.stdout)
+    errors = [probe["error"] for probe in report["probes"]]
+    assert errors and all(
+        f"the login to {edl.login.address}:{edl.login.port} was refused (HTTP 401)" in error
+        for error in errors
+    ), report
+    assert result.returncode != 0
+    assert PASSWORD not in result.stdout + result.stderr

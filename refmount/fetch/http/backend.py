@@ -13,8 +13,8 @@ hand-over, 0.09 ms per chunk for the same requests in-process
 at once and closes its connection; nothing is left running.
 
 What this client does not do itself goes to the backend that did it before (obstore,
-or fsspec where obstore cannot serve or the scope has headers of the user's): sizes and
-versions (HEAD, rare), paths that are not plain ASCII, hosts reached through a proxy
+or fsspec where obstore cannot serve or the scope has headers of the user's): versions
+(HEAD, rare), paths that are not plain ASCII, hosts reached through a proxy
 (``http_proxy``), and an S3 endpoint's redirects (each redirected URL is remembered and
 asked there directly).  An ``http://`` or ``https://`` redirect is the fetcher's to
 follow (:class:`~refmount.fetch.redirects.Redirected`): the new URL is asked through the
@@ -48,9 +48,9 @@ import logging
 import re
 import ssl
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from functools import lru_cache
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 import trio
@@ -70,6 +70,7 @@ from refmount.redaction import redact
 from refmount.refs.model import Checksum
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Redirected URLs remembered (asked through the fallback directly).
 REDIRECTS_KEPT = 4096
@@ -208,6 +209,44 @@ class HttpBackend:
         target = self._locate(url)
         if target is None or url in self._redirected:
             return await self.fallback.read(url, start, end, checksum)
+
+        async def body(connection: Connection, head: Head) -> bytes:
+            return await _body(url, connection, head, start, end, checksum, self.buffers)
+
+        async def elsewhere() -> bytes:
+            return await self.fallback.read(url, start, end, checksum)
+
+        return await self._ask(url, target, start, end, checksum, body, elsewhere)
+
+    async def size(self, url: str) -> int:
+        """The size of an ``http://`` or ``https://`` file: the total of the
+        ``Content-Range`` of a one-byte GET, asked like a read (its redirects, cookies
+        and credentials too: a HEAD is refused by pre-signed URLs)."""
+        target = self._locate(url)
+        if target is None or self.s3 is not None or url in self._redirected:
+            return await self.fallback.size(url)
+
+        async def total(connection: Connection, head: Head) -> int:
+            return await _size_of(url, connection, head)
+
+        async def elsewhere() -> int:
+            return await self.fallback.size(url)
+
+        return await self._ask(url, target, 0, 1, None, total, elsewhere)
+
+    async def _ask(
+        self,
+        url: str,
+        target: _Target,
+        start: int,
+        end: int,
+        checksum: Checksum | None,
+        answer: Callable[[Connection, Head], Awaitable[T]],
+        elsewhere: Callable[[], Awaitable[T]],
+    ) -> T:
+        """Send the request for bytes ``[start, end)`` of ``url`` and make ``answer``
+        of a data answer's head and body; a redirect is :class:`Redirected`, a 401 a
+        refusal (EACCES), an S3 endpoint's redirect ``elsewhere()``."""
         if self.logins is not None and (why := self.logins.refusal(target.host)) is not None:
             raise FetchError(f"{why}; not asked again for a while", errno.EACCES)
         request = request_head(target, start, end, self._headers(url, target), checksum, self.s3)
@@ -218,6 +257,7 @@ class HttpBackend:
                 self.scheme, target.host, target.port, " (S3, SigV4)" if self.s3 else "",
             )  # fmt: skip
         connection = await self.pool.take(target.host, target.port)
+        failure: Exception | None = None
         try:
             try:
                 await connection.send(request)
@@ -233,11 +273,10 @@ class HttpBackend:
                 head = await connection.read_head()
             if self.logins is not None and head.cookies:
                 self.logins.keep(url, list(head.cookies))
-            failure: Exception | None = None
             if head.status in _REDIRECTS and self.s3 is not None:
                 self._remember_redirect(url, head)
                 connection.close()
-                return await self.fallback.read(url, start, end, checksum)
+                return await elsewhere()
             if head.status in _REDIRECTS:
                 reusable = await _drained(connection, head)
                 failure = Redirected(url, head.status, head.get("location"))
@@ -245,7 +284,7 @@ class HttpBackend:
                 reusable = await _drained(connection, head)
                 failure = self._refused(target)
             else:
-                data = await _body(url, connection, head, start, end, checksum, self.buffers)
+                value = await answer(connection, head)
                 reusable = not connection.closed
         except BaseException:
             connection.close()
@@ -256,7 +295,7 @@ class HttpBackend:
             connection.close()
         if failure is not None:
             raise failure
-        return data
+        return value
 
     def start(self, nursery: trio.Nursery) -> None:
         """Run the connection pool's expiry in ``nursery`` (see :mod:`.pool`)."""
@@ -294,9 +333,6 @@ class HttpBackend:
         if self.s3 is None:
             return _target(url, self.scheme)
         return _s3_target(self.s3, url)
-
-    async def size(self, url: str) -> int:
-        return await self.fallback.size(url)
 
     async def version(self, url: str) -> Version:
         return await self.fallback.version(url)
@@ -369,6 +405,25 @@ async def _drained(connection: Connection, head: Head) -> bool:
     with memoryview(bytearray(length)) as into:
         await connection.read_body(into)
     return True
+
+
+async def _size_of(url: str, connection: Connection, head: Head) -> int:
+    """The object's size from the answer to a one-byte GET: a 206's ``Content-Range``
+    total, or a 200's length (the server ignored ``Range``; its body is left unread)."""
+    if head.status == 404:
+        raise FetchError(f"{redact(url)}: HTTP 404: not found", errno.EIO)
+    if head.status not in (200, 206):
+        raise HttpStatus(head.status)
+    length = head.framing()
+    if head.status == 200:
+        connection.close()
+        return length
+    content_range = head.content_range()
+    if content_range is None or content_range[2] is None:
+        raise WrongAnswer("a 206 that tells no size (Content-Range total)")
+    if not await _drained(connection, head):
+        connection.close()
+    return content_range[2]
 
 
 @lru_cache(maxsize=REDIRECTS_KEPT)

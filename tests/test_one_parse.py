@@ -7,6 +7,7 @@ the victim (options keyed to it) and the other host."""
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 from collections.abc import Callable
@@ -15,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from refmount.authority import authority_problem, place_of
+from refmount.errors import FetchError
 from refmount.fetch.fetcher import scope_of
+from refmount.icechunk.containers import Containers
 from tests.conftest import Mounted
 from tests.support.rawserver import RawServer, asked_range, header_lines, partial
 from tests.support.remote_files import write_refs
@@ -88,3 +91,15 @@ def test_the_scope_is_the_place_the_connection_goes() -> None:
     assert authority_problem("https://h./x") is not None
     assert authority_problem("abfs://container@account.dfs.core.windows.net/p") is None
     assert authority_problem("s3://bucket/key?with@odd#chars") is None
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_an_ambiguous_icechunk_chunk_url_is_refused_naming_the_key(form: str) -> None:
+    """A manifest is untrusted too: a container declared with an ambiguous host (the
+    repository's own config) does not make its chunks' URLs readable."""
+    url = FORMS[form].format(victim=2, other=1)
+    container = url.rpartition("/")[0] + "/"
+    containers = Containers([container], local_allowed=False)
+    with pytest.raises(FetchError, match=r"temp/c/0/0: virtual chunk URL .*: refused") as found:
+        containers.target(url, "temp/c/0/0")
+    assert found.value.errno == errno.EIO

@@ -136,6 +136,8 @@ class Fetcher:
         self._all = trio.CapacityLimiter(self.policy.max_requests)
         self._sizes: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
+        #: where reads were redirected to, asked there directly for a while
+        self._moved = redirects.Remembered()
         self._nursery: trio.Nursery | None = None
         self.remote_options = {
             key if key == FLAT or "://" not in key or is_prefix(key) else scope_of(key): dict(value)
@@ -414,7 +416,18 @@ class Fetcher:
 
         A hop to a host that ``.netrc`` names (a login) is taken under the login lock,
         and the rest of the read with it: readers without a session wait for the one
-        logging in, then read again from their first URL, with its cookies."""
+        logging in, then read again from their first URL, with its cookies.  Where a
+        read without a login ended is remembered (:class:`redirects.Remembered`): the
+        next reads of ``url`` ask there directly while it is valid."""
+        remembered = self._moved.get(url)
+        if remembered is not None:
+            trail.append(remembered)
+            try:
+                return await attempt(self._backend(remembered), remembered)
+            except Exception as exc:  # an expired signature, a moved object: ask again
+                log.debug("%s: its remembered target failed (%s)", redact(url), exc)
+                self._moved.forget(url)
+                del trail[1:]
         logins = self.logins
         seen = logins.completed
         where, retried, hops, holding = url, False, 0, False
@@ -441,6 +454,8 @@ class Fetcher:
                     continue
                 if holding:
                     logins.completed += 1
+                elif where != url and not retried:
+                    self._moved.keep(url, where)
                 return answer
         finally:
             if holding:

@@ -25,8 +25,11 @@ read through obstore (see ``obstore_backend.make_backend``).
 
 from __future__ import annotations
 
+import calendar
 import errno
-from urllib.parse import urljoin, urlsplit
+import time
+from collections import OrderedDict
+from urllib.parse import parse_qs, urljoin, urlsplit
 
 from refmount import header_text
 from refmount.authority import authority_problem, place_of
@@ -79,6 +82,65 @@ def follow(url: str, location: str | None) -> str:
             f"{redact_url(url)}: redirected to a URL that {problem}: refused", errno.EIO
         )
     return target
+
+
+#: Seconds a redirect's target is asked directly, at most (less where the target's own
+#: query says it expires sooner); URLs remembered at once.
+REMEMBERED_SECONDS = 60.0
+REMEMBERED = 4096
+
+
+class Remembered:
+    """Where reads of a URL were last redirected, asked there directly for a while.
+
+    An archive answers each read of a granule with a redirect to a pre-signed URL valid
+    for up to an hour: asking the archive for every chunk doubles the requests (W3d over
+    https through a redirect ran at 0.53 of the direct row, ``bench/redirect_throughput.py``).
+    A target is remembered for ``REMEMBERED_SECONDS`` or until the expiry its query
+    states (``X-Amz-Date`` + ``X-Amz-Expires``, or ``Expires``), whichever comes first;
+    a read of a remembered target that fails in any way forgets it and follows the
+    redirects again (an expired or revoked signature)."""
+
+    def __init__(self) -> None:
+        self._targets: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def get(self, url: str) -> str | None:
+        found = self._targets.get(url)
+        if found is None:
+            return None
+        if found[1] <= time.monotonic():
+            del self._targets[url]
+            return None
+        return found[0]
+
+    def keep(self, url: str, target: str) -> None:
+        seconds = min(REMEMBERED_SECONDS, valid_for(target))
+        if seconds <= 0:
+            return
+        self._targets[url] = (target, time.monotonic() + seconds)
+        self._targets.move_to_end(url)
+        if len(self._targets) > REMEMBERED:
+            self._targets.popitem(last=False)
+
+    def forget(self, url: str) -> None:
+        self._targets.pop(url, None)
+
+
+def valid_for(url: str, margin: float = 5.0) -> float:
+    """Seconds a pre-signed URL stays valid, less ``margin``, by its query (SigV4's
+    ``X-Amz-Date`` and ``X-Amz-Expires``; SigV2's or CloudFront's ``Expires``); infinity
+    when the query does not say."""
+    query = {k.lower(): v[0] for k, v in parse_qs(urlsplit(url).query).items()}
+    now = time.time()
+    try:
+        if "x-amz-date" in query and "x-amz-expires" in query:
+            signed = calendar.timegm(time.strptime(query["x-amz-date"], "%Y%m%dT%H%M%SZ"))
+            return signed + int(query["x-amz-expires"]) - now - margin
+        if "expires" in query:
+            return int(query["expires"]) - now - margin
+    except (ValueError, OverflowError):
+        return 0.0
+    return float("inf")
 
 
 def too_many(url: str) -> FetchError:

@@ -12,8 +12,11 @@ or beside the daemon's loop), the ``--refs-options`` keyed to the reference set'
 
 from __future__ import annotations
 
+import base64
+import errno
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import trio
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
@@ -34,8 +37,22 @@ class WebRefsFileSystem(AbstractFileSystem):
 
     def __init__(self, url: str, options: Mapping[str, Any], timeout: float = 30.0) -> None:
         super().__init__()
-        self._options = {scope_of(url): dict(options)} if options else {}
+        self._url, self._plain = url, url
+        options = dict(options)
+        parts = urlsplit(url)
+        if parts.username is not None:
+            # The user's own URL, given with a login: sent as Basic credentials to that
+            # host (as fsspec's HTTP filesystem did), never as part of the URL.
+            login = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            basic = "Basic " + base64.b64encode(login.encode()).decode("ascii")
+            options["headers"] = {"Authorization": basic, **options.get("headers", {})}
+            self._plain = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+        self._options = {scope_of(self._plain): options} if options else {}
         self._timeout = timeout
+        self._sizes: dict[str, int] = {}
+
+    def _where(self, path: str) -> str:
+        return self._plain if path == self._url else path
 
     @classmethod
     def _strip_protocol(cls, path: str) -> str:
@@ -52,17 +69,22 @@ class WebRefsFileSystem(AbstractFileSystem):
         try:
             return trio.run(run)
         except FetchError as exc:
+            if "HTTP 404" in str(exc):  # the loader says "no such file"
+                raise FileNotFoundError(errno.ENOENT, str(exc)) from None
             raise OSError(exc.errno, str(exc)) from None
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
-        size = self._run(lambda fetcher: fetcher.size(path))
+        where = self._where(path)
+        size = self._sizes[path] = self._run(lambda fetcher: fetcher.size(where))
         return {"name": path, "size": size, "type": "file"}
 
     def _open(self, path: str, mode: str = "rb", block_size: Any = None, **kwargs: Any) -> Any:
-        return _WebFile(self, path, mode, block_size=BLOCK, size=kwargs.get("size"))
+        size = kwargs.get("size") or self._sizes.get(path)
+        return _WebFile(self, path, mode, block_size=BLOCK, size=size)
 
     def fetch_range(self, path: str, start: int, end: int) -> bytes:
-        return self._run(lambda fetcher: fetcher.fetch(path, start, end, allow_short=True))
+        where = self._where(path)
+        return self._run(lambda fetcher: fetcher.fetch(where, start, end, allow_short=True))
 
 
 class _WebFile(AbstractBufferedFile):

@@ -304,9 +304,15 @@ class Fetcher:
         return backend
 
     def _new_backend(self, protocol: str, options: dict[str, Any]) -> Backend:
-        """A backend for one scope of a remote protocol."""
+        """A backend for one scope of a remote protocol.  With ``.netrc`` credentials,
+        ``http://`` and ``https://`` are read in this process even with fetch workers:
+        the steps of one login (the login host, the archive that sets the cookie, the
+        read that sends it) must share one cookie jar, and each worker has its own."""
         policy = self.policy
-        return self.make_remote(
+        make = self.make_remote
+        if protocol in ("http", "https") and self.logins.credentials:
+            make = make_backend
+        return make(
             protocol,
             options,
             self.backend,

@@ -3,8 +3,9 @@ credentials from ``~/.netrc`` (or the file ``NETRC`` names) and a cookie jar.
 
 NASA's Earthdata Login is the common case: a read of an archive host without a session
 is redirected to the login host, which takes HTTP Basic credentials and redirects back;
-the archive then sets a session cookie.  :class:`Logins` holds, for one process (a mount,
-or one of its fetch workers), what makes that work once and not once per chunk:
+the archive then sets a session cookie.  :class:`Logins` holds, for one process (a mount;
+with a ``.netrc``, its ``http(s)`` reads stay in that process even with fetch workers),
+what makes that work once and not once per chunk:
 
 * the ``.netrc`` entries: a host's credentials are sent to that host only (a
   ``machine`` line naming it exactly; a ``default`` line is never used, since it would

@@ -92,6 +92,14 @@ class Logins:
         self._said: set[str] = set()
         self._refused: dict[str, tuple[float, str]] = {}
 
+    def beside(self) -> Logins:
+        """The same credentials, cookie jar and refusals, with a login lock of its own:
+        for a trio run in another thread (a reference set read while the mount serves),
+        whose tasks cannot wait on this run's lock."""
+        twin = Logins(self.credentials)
+        twin.jar, twin._refused, twin._said = self.jar, self._refused, self._said
+        return twin
+
     def has_credentials(self, host: str) -> bool:
         return host.lower() in self.credentials
 

@@ -23,6 +23,7 @@ from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
 from refmount.errors import FetchError
 from refmount.fetch.fetcher import Fetcher, FetchPolicy, scope_of
+from refmount.fetch.logins import for_process
 
 T = TypeVar("T")
 #: Bytes asked at a time while a reference set is read.
@@ -60,7 +61,11 @@ class WebRefsFileSystem(AbstractFileSystem):
 
     def _run(self, work: Callable[[Fetcher], Awaitable[T]]) -> T:
         async def run() -> T:
-            fetcher = Fetcher(remote_options=self._options, policy=FetchPolicy(self._timeout))
+            fetcher = Fetcher(
+                remote_options=self._options,
+                policy=FetchPolicy(self._timeout),
+                logins=for_process().beside(),  # the mount's jar; a lock of this run's
+            )
             try:
                 return await work(fetcher)
             finally:

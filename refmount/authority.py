@@ -35,6 +35,8 @@ _CONTAINER_AT_ACCOUNT = frozenset({"az", "abfs", "abfss"})
 #: What an authority may hold: a name (letters, digits, ``.-_~``), an IPv6 literal in
 #: brackets, a port.
 _AUTHORITY = re.compile(r"[A-Za-z0-9._~-]*(?:\[[0-9A-Fa-f:.]+\])?(?::[0-9]*)?")
+#: A login (``user:password``) as RFC 3986 allows it, percent-encoding included.
+_LOGIN = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:%-]*")
 
 
 class Place(NamedTuple):
@@ -63,9 +65,17 @@ def authority_of(url: str) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=MEMO)
-def authority_problem(url: str) -> str | None:
+def authority_problem(url: str, *, userinfo: bool = False) -> str | None:
     """Why the authority of remote ``url`` could be read as another host by another
-    parser; None when it cannot (local paths and URLs without ``://`` have none)."""
+    parser; None when it cannot (local paths and URLs without ``://`` have none).  Each
+    part of a chained URL (``zip://a::https://h/x``) is looked at.
+
+    ``userinfo``: a login before the host (one ``@``, nothing else odd) is allowed, for
+    URLs of the user's own making (a relative target of a REFS URL that holds one); a
+    URL written in a reference set or a manifest, or a redirect's, may hold none."""
+    if "::" in url:
+        found = (authority_problem(part, userinfo=userinfo) for part in url.split("::"))
+        return next((problem for problem in found if problem is not None), None)
     if "://" not in url:
         return None
     protocol, authority = authority_of(url)
@@ -73,6 +83,10 @@ def authority_problem(url: str) -> str | None:
         return None
     if protocol in _CONTAINER_AT_ACCOUNT and authority.count("@") == 1:
         authority = authority.replace("@", ".", 1)
+    elif userinfo and authority.count("@") == 1:
+        login, _, authority = authority.partition("@")
+        if _LOGIN.fullmatch(login) is None:
+            return "has a login before its host that parsers read differently"
     for mark, what in (
         ("@", "user information ('@')"),
         ("\\", "a backslash"),
@@ -103,8 +117,9 @@ def place_of(url: str) -> Place:
     refmount's HTTP client connects (host lower-cased, port explicit); other remote
     protocols by the authority as written, lower-cased (the bucket or container); a
     local path is ``file://``.  ValueError for a URL whose authority
-    :func:`authority_problem` refuses: such a URL has no one place."""
-    problem = authority_problem(url)
+    :func:`authority_problem` refuses (a login before the host allowed): such a URL has
+    no one place."""
+    problem = authority_problem(url, userinfo=True)
     if problem is not None:
         raise ValueError(f"the URL {problem}")
     protocol, rest = fsspec.core.split_protocol(url)

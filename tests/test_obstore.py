@@ -164,7 +164,7 @@ def test_http_ranges_and_size(
     served: tuple[str, bytes], http: RangeServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     url, data = served
-    fetcher = quick_fetcher(backend="obstore")  # "auto" sizes through refmount's client
+    fetcher = quick_fetcher()
 
     async def main() -> None:
         for start, end in [(0, 10), (10, 70_000), (123_456, 123_457), (299_990, 300_001)]:
@@ -472,8 +472,7 @@ def test_a_size_head_cannot_give_is_asked_through_fsspec() -> None:
     tries a GET, so a server refusing HEAD still gets its files' sizes asked."""
     server = HostileServer("too-long")
     try:
-        fetcher = quick_fetcher(backend="obstore")  # "auto" sizes by a one-byte GET
-        assert trio.run(fetcher.size, f"{server.url}/ok/a.bin") == OK_SIZE
+        assert trio.run(quick_fetcher().size, f"{server.url}/ok/a.bin") == OK_SIZE
     finally:
         server.close()
     methods = [head.split(" ", 1)[0] for head in server.heads]

@@ -349,7 +349,7 @@ class Fetcher:
         within ``(retries + 1) * timeout`` plus the backoffs, like the reader in front.
         """
         try:
-            problem = authority_problem(url)
+            problem = authority_problem(url, userinfo=True)  # checked strictly at load
             if problem is not None:
                 raise FetchError(f"{redact(url)}: the URL {problem}: refused", errno.EIO)
             backend = self._backend(url)

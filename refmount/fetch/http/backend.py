@@ -14,7 +14,8 @@ at once and closes its connection; nothing is left running.
 
 What this client does not do itself goes to the backend that did it before (obstore,
 or fsspec where obstore cannot serve or the scope has headers of the user's): versions
-(HEAD, rare), paths that are not plain ASCII, hosts reached through a proxy
+and sizes (HEAD, rare; sizes here when a login is in play), paths that are not plain
+ASCII, hosts reached through a proxy
 (``http_proxy``), and an S3 endpoint's redirects (each redirected URL is remembered and
 asked there directly).  An ``http://`` or ``https://`` redirect is the fetcher's to
 follow (:class:`~refmount.fetch.redirects.Redirected`): the new URL is asked through the
@@ -219,11 +220,14 @@ class HttpBackend:
         return await self._ask(url, target, start, end, checksum, body, elsewhere)
 
     async def size(self, url: str) -> int:
-        """The size of an ``http://`` or ``https://`` file: the total of the
-        ``Content-Range`` of a one-byte GET, asked like a read (its redirects, cookies
-        and credentials too: a HEAD is refused by pre-signed URLs)."""
+        """The size of an ``http://`` or ``https://`` file.  With a login in play
+        (``.netrc`` credentials, cookies in the jar): the total of the ``Content-Range``
+        of a one-byte GET, asked like a read (its redirects, cookies and credentials
+        too; pre-signed URLs refuse HEAD).  Otherwise the fallback's HEAD."""
         target = self._locate(url)
-        if target is None or self.s3 is not None or url in self._redirected:
+        logins = self.logins
+        in_play = logins is not None and (bool(logins.credentials) or bool(len(logins.jar)))
+        if target is None or not in_play or url in self._redirected:
             return await self.fallback.size(url)
 
         async def total(connection: Connection, head: Head) -> int:

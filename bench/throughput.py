@@ -29,6 +29,9 @@ Systems (one run, same machine, same bytes):
                  pinned): how throughput scales with the daemon's cores
   refmount.stock the daemon as on a stock pyfuse3 (refmount's patch hidden: OPEN and
                  RELEASE per file, listings always READDIRPLUS): what the patch gains
+  refmount.process  the daemon over ``s3://`` only, signing with temporary credentials
+                 from an AWS profile's ``credential_process`` (valid an hour) where
+                 ``refmount`` signs with static keys: issue 38's ≤ 5 % apart
   tmpfs          the same chunk files (W2, W4) and the same keys (find) as plain files on
                  ``/dev/shm``
 
@@ -66,6 +69,7 @@ import logging
 import os
 import random
 import resource
+import shlex
 import shutil
 import signal
 import statistics
@@ -99,9 +103,21 @@ SEQ_PARALLEL = 8  # 64 MiB window / 8 MiB parts
 RANDOM_READERS = 16
 SYSTEMS = (
     "limit", "fsspec", "fsspec.fuse", "refmount", "refmount.obstore", "refmount.1cpu",
-    "refmount.stock", "tmpfs",
+    "refmount.stock", "refmount.process", "tmpfs",
 )  # fmt: skip
-FUSE_SYSTEMS = ("fsspec.fuse", "refmount", "refmount.obstore", "refmount.1cpu", "refmount.stock")
+FUSE_SYSTEMS = (
+    "fsspec.fuse", "refmount", "refmount.obstore", "refmount.1cpu", "refmount.stock",
+    "refmount.process",
+)  # fmt: skip
+#: refmount.process's credential_process: temporary credentials valid for an hour (as
+#: NASA's ``/s3credentials`` gives them), a new key each run.
+CREDENTIAL_PROCESS = """
+import json, secrets, time
+expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+print(json.dumps({"Version": 1, "AccessKeyId": "ASIA" + secrets.token_hex(8).upper(),
+                  "SecretAccessKey": secrets.token_urlsafe(30),
+                  "SessionToken": secrets.token_urlsafe(60), "Expiration": expires}))
+"""
 #: Protocols the chunks can be read over (issue 28): nginx answers all three, ``s3://`` as
 #: path-style GETs whose signature it ignores; ``https://`` and ``s3://`` over TLS.
 PROTOCOLS = ("http", "https", "s3")
@@ -644,6 +660,10 @@ def refmount_mount(
         extra = [*extra, "--fetch-backend", "obstore"]
     if "s3" in setup.protocol_refs:
         options = {"s3": {"endpoint_url": setup.protocol_refs["s3"][1], **S3_CREDENTIALS}}
+        if name == "refmount.process":
+            prefix = ["env", f"AWS_CONFIG_FILE={process_profile(setup.work)}"]
+            del options["s3"]["key"], options["s3"]["secret"]
+            options["s3"]["profile"] = "bench"
         extra = [*extra, "--remote-options", json.dumps(options)]
     if name == "refmount.stock" and setup.stock_pyfuse3:
         # A real stock build first on the daemon's path (what `pip install` gives).
@@ -655,6 +675,17 @@ def refmount_mount(
         refs, mountpoint, args, log_path, prefix=prefix, command=command, timeout=MOUNT_TIMEOUT
     ) as mounted:
         yield mounted.pid
+
+
+def process_profile(work: Path) -> Path:
+    """An AWS config file whose profile ``bench`` gets its credentials from
+    :data:`CREDENTIAL_PROCESS` (nginx ignores the signature: the row measures the
+    client's side of temporary credentials)."""
+    script, config = work / "credential_process.py", work / "aws-config"
+    script.write_text(CREDENTIAL_PROCESS)
+    command = shlex.join([sys.executable, str(script)])
+    config.write_text(f"[profile bench]\ncredential_process = {command}\n")
+    return config
 
 
 # fsspec.fuse prefixes every path with root + "/", and reference keys have no leading "/":
@@ -802,6 +833,8 @@ def measure_fuse(
     """Each group of workloads on a fresh mount; W4 follows W2 on the same one, and
     W3z's two views are two mounts of the Zarr set (the second with ``--decode``)."""
     mount = mounter(name, setup)
+    if name == "refmount.process":  # refmount with credentials from a credential_process
+        workloads = [w for w in workloads if protocol(w) == "s3"]
     groups = [("W1",), ("W2", "W4"), ("W2c",), ("W3",), ("W3d",)]
     groups = [tuple(w for w in g if w in workloads) for g in groups]
     plan: list[tuple[Path, tuple[str, ...], list[str]]] = [

@@ -84,6 +84,8 @@ class Report:
     netcdf: dict[str, Any] | None = None
     #: An Icechunk repository's versions, containers and arrays by chunk kind.
     icechunk: dict[str, Any] | None = None
+    #: With ``--probe``: where each S3 scope's requests are signed from, by scope.
+    credentials: dict[str, str] | None = None
 
     @property
     def ok(self) -> bool:
@@ -170,7 +172,7 @@ def check(options: CheckOptions, progress: Any = None) -> Report:
             refset.close()
         if options.probe:
             report.seed = options.seed
-            report.probes = _probe(sample, options)
+            report.probes, report.credentials = _probe(sample, options)
     for note in report.arrays or []:
         if note.status != "decoded":
             report.problems.append(Problem("decode", f"{note.array}: {note.status}: {note.reason}"))
@@ -285,7 +287,10 @@ def _protocol_and_host(url: str) -> tuple[str, str]:
 # -- the probe --------------------------------------------------------------------------
 
 
-def _probe(sample: list[tuple[str, Ref]], options: CheckOptions) -> list[Probe]:
+def _probe(
+    sample: list[tuple[str, Ref]], options: CheckOptions
+) -> tuple[list[Probe], dict[str, str]]:
+    """The probes, and where the S3 scopes asked sign from (never the secrets)."""
     probes = [
         Probe(key, display_url(ref.url or ""), ref.offset + (ref.length or 0))
         for key, ref in sample
@@ -301,17 +306,20 @@ def _probe(sample: list[tuple[str, Ref]], options: CheckOptions) -> list[Probe]:
         except FetchError as exc:
             probe.error = str(exc)
 
-    async def ask_all() -> None:
+    async def ask_all() -> dict[str, str]:
         async with trio.open_nursery() as nursery:
             for probe, (_, ref) in zip(probes, sample, strict=True):
                 assert ref.url is not None
                 nursery.start_soon(ask, probe, ref.url)
+        with trio.move_on_after(options.timeout):
+            return await fetcher.signing()
+        return {}
 
     try:
-        trio.run(ask_all)
+        signing = trio.run(ask_all)
     finally:
         fetcher.close()
-    return probes
+    return probes, signing
 
 
 # -- warnings of the loaders ------------------------------------------------------------
@@ -390,6 +398,8 @@ def render(report: Report) -> str:
             f"  probe             {len(report.probes):,} targets asked (seed {report.seed}): "
             f"{good:,} fine, {len(report.probes) - good:,} not"
         )
+    for scope, source in (report.credentials or {}).items():
+        lines.append(f"  s3 credentials    {scope}: {source}")
     if report.problems:
         lines.append(f"problems: {len(report.problems):,}")
         lines += [f"  {problem.kind}: {problem.message}" for problem in report.problems]
@@ -406,6 +416,8 @@ def _netcdf_lines(found: dict[str, Any]) -> list[str]:
         lines.append(f"    {made['name']:<32} {made['format']}: {names}")
     for array in found["strings"]:
         lines.append(f"    {array:<32} {STRINGS_NOTE}")
+    for array, cost in found.get("costly", {}).items():
+        lines.append(f"    {array:<32} {cost}")
     return lines
 
 

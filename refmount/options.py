@@ -82,7 +82,8 @@ class Config:
     max_requests: int = 64
     max_requests_per_host: int = 32
     fetch_backend: str = "auto"
-    #: Worker processes remote requests run in; 0: in the daemon (README: Fetch workers).
+    #: Worker processes remote requests run in; 0: in the daemon (docs/performance.md,
+    #: Fetch workers).
     fetch_workers: int = 0
     read_ahead_kb: int = 16384
     max_background: int = 64
@@ -458,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve arrays' chunks decoded (decompressed, unfiltered, little-endian, C "
         "order) and their metadata rewritten to match, for readers without the codecs "
-        "(README: Decoded view)",
+        "(docs/views.md: Decoded view)",
     )
     g.add_argument(
         "--decode-workers",
@@ -496,6 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=Config.log_level,
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         type=str.upper,
+        help="what to log: DEBUG, INFO, WARNING or ERROR (default %(default)s)",
     )
     g.add_argument(
         "--log-file",

@@ -29,6 +29,7 @@ from refmount.errors import FetchError
 from refmount.fetch import Fetcher, FetchPolicy
 from refmount.fetch.fsspec_backend import FsspecBackend
 from refmount.fetch.http import HttpBackend
+from refmount.fetch.http.aws_credentials import CredentialChain
 from refmount.fetch.obstore_backend import ObstoreBackend, make_backend
 from refmount.fetch.obstore_options import Untranslatable, translate
 from tests.conftest import Mounted
@@ -117,7 +118,6 @@ def test_other_stores_options_translate(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("protocol", "options", "named"),
     [
-        ("s3", {"profile": "work", "region": "us-east-1"}, "profile"),
         ("s3", {"client_kwargs": {"verify": False}, "region": "us-east-1"}, "client_kwargs.verify"),
         ("s3", {"anon": True}, "no region"),  # AWS itself: s3fs finds a bucket's region
         ("https", {"client_kwargs": {"auth": "x"}}, "client_kwargs.auth"),
@@ -143,6 +143,26 @@ def test_untranslatable_options_keep_the_protocol_on_fsspec(
     assert named in caplog.text
 
 
+def test_an_aws_profile_is_signed_by_refmounts_client_with_fsspec_for_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    options = {"profile": "work", "region": "us-east-1"}
+    config = translate("s3", options)
+    assert config.aws_profile == "work"
+    assert config.obstore_gap == "credentials from the AWS profile 'work'"
+    with caplog.at_level(logging.INFO, logger="refmount.fetch.obstore_backend"):
+        backend = make_backend("s3", options)
+        assert isinstance(make_backend("s3", options, "obstore"), FsspecBackend)
+    assert isinstance(backend, HttpBackend) and backend.s3 is not None
+    assert isinstance(backend.s3.credentials, CredentialChain)
+    assert backend.s3.credentials.profile == "work"
+    assert isinstance(backend.fallback, FsspecBackend)
+    assert backend.fallback.options["profile"] == "work"  # s3fs finds the same credentials
+    assert "s3: obstore has no equivalent for credentials from the AWS profile 'work'" in (
+        caplog.text
+    )
+
+
 def test_backend_choice(s3_server: MotoServer) -> None:
     assert isinstance(make_backend("http", {}), HttpBackend)
     assert isinstance(make_backend("http", {}, "obstore"), ObstoreBackend)
@@ -151,8 +171,11 @@ def test_backend_choice(s3_server: MotoServer) -> None:
     s3 = make_backend("s3", s3_server.storage_options)
     assert isinstance(s3, HttpBackend) and s3.s3 is not None
     assert isinstance(make_backend("s3", s3_server.storage_options, "obstore"), ObstoreBackend)
-    # Credentials only botocore finds (here: none at all) stay with obstore.
-    assert isinstance(make_backend("s3", {"endpoint_url": s3_server.endpoint}), ObstoreBackend)
+    # No key given: refmount's client signs with what botocore's chain finds, obstore
+    # (which looks for its own) does the rest.
+    chained = make_backend("s3", {"endpoint_url": s3_server.endpoint})
+    assert isinstance(chained, HttpBackend) and isinstance(chained.fallback, ObstoreBackend)
+    assert chained.s3 is not None and isinstance(chained.s3.credentials, CredentialChain)
     assert isinstance(make_backend("https", {}, "fsspec"), FsspecBackend)
     assert isinstance(make_backend("ftp", {}), FsspecBackend)
 

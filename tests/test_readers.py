@@ -73,7 +73,7 @@ from tests.support.servers import S3_KEY, S3_REGION, MotoServer
 BUCKET = "readers"
 RECORD_SIZE = 10  # small records: Parquet sets span several record files
 
-#: What VirtualiZarr 2.5 cannot describe, dropped when it scans (README, "Reference sets
+#: What VirtualiZarr 2.5 cannot describe, dropped when it scans (docs/sources.md, "Reference sets
 #: made by VirtualiZarr"): a variable-length string variable (its HDF5 parser fails on the
 #: bytes fill value) and a rank-0 variable (it writes the chunk key ``scalar/`` instead of
 #: ``scalar/0``, which no Zarr reader asks for, so the value would read as the fill value).
@@ -248,8 +248,8 @@ def virtualizarr_nc3(src: Sources, tmp: Path, s3: MotoServer, transport: str, fm
     path, json_path = virtual_refs(vds, tmp, fmt)
     raw = netcdf_arrays(src.nc3)
     # VirtualiZarr writes "fill_value": 0 for an integer variable that has no _FillValue
-    # (kerchunk writes null), so xarray masks its stored zeros: README, "Reference sets made
-    # by VirtualiZarr".  fsspec reads the same set the same way (the sha256 test).
+    # (kerchunk writes null), so xarray masks its stored zeros: docs/sources.md, "Reference
+    # sets made by VirtualiZarr".  fsspec reads the same set the same way (the sha256 test).
     assert (
         json.loads(ref_map(json.loads(json_path.read_text()))["packed/.zarray"])["fill_value"] == 0
     )

@@ -2,7 +2,7 @@
 gdal-bin) and netCDF-C's ncdump, each compared with the original file.
 
 Each reader decodes what its version can, and the rest is refused with a message that the
-README quotes ("Reading from other languages").  A variable a reader
+docs/views.md quotes ("Reading from other languages").  A variable a reader
 decodes must equal the original; a variable it refuses must be refused for the known
 reason, so a new limit, or a lifted one, shows up here.
 """

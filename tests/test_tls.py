@@ -28,6 +28,7 @@ import trio
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher, FetchPolicy
 from refmount.fetch.http import HttpBackend, readahead
+from refmount.fetch.http.aws_credentials import CredentialChain
 from refmount.fetch.http.s3 import s3_client
 from refmount.fetch.http.sigv4 import EMPTY_SHA256, Credentials, Signer, canonical_path
 from refmount.fetch.obstore_options import translate
@@ -496,10 +497,11 @@ def test_s3_addressing() -> None:
     assert aws.locate("s3://Not_DNS/x") is None  # left to obstore
     assert aws.locate("s3://my-bucket/x?versionId=1") is None
     lab = s3_client(translate("s3", {"anon": True, "endpoint_url": "http://h:9000/base/"}))
-    assert lab is not None and lab.signer is None and lab.scheme == "http"
+    assert lab is not None and lab.credentials is None and lab.scheme == "http"
     assert lab.locate("s3://b/k/ü") == ("h", 9000, "/base/b/k/%C3%BC")
-    # No credentials refmount can find itself (an instance role, SSO): obstore asks.
-    assert s3_client(translate("s3", {"endpoint_url": "https://h"})) is None
+    # No key given: botocore's chain finds the credentials (a profile, SSO, a role).
+    chained = s3_client(translate("s3", {"endpoint_url": "https://h"}))
+    assert chained is not None and isinstance(chained.credentials, CredentialChain)
 
 
 def test_s3_reads_through_refmounts_client_against_moto(
@@ -599,7 +601,7 @@ def test_s3_requests_as_sent(anon: bool, raw_server: Callable[[Answer], RawServe
 def test_fsspec_for_gcs_and_azure_says_the_ca_bundle_does_not_reach_it(
     protocol: str, certificates: Certificates, no_trust_env: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """gcsfs and adlfs take no CA bundle (README, TLS and certificates): where fsspec
+    """gcsfs and adlfs take no CA bundle (docs/stores.md, TLS and certificates): where fsspec
     serves them, the log says the bundle is not trusted for their hosts; where obstore
     serves them it is (its root certificates), and nothing is said."""
     from refmount.fetch.obstore_backend import make_backend

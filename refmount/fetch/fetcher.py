@@ -282,6 +282,15 @@ class Fetcher:
             except Exception as exc:  # the first read reports it
                 log.debug("could not prepare %s ahead of reads: %s", scope, exc)
 
+    async def signing(self) -> dict[str, str]:
+        """Where the S3 scopes made so far sign their requests from (see
+        :meth:`HttpBackend.signing`), by scope."""
+        found = {}
+        for scope, backend in self._backends.items():
+            if isinstance(backend, HttpBackend) and (source := await backend.signing()):
+                found[scope] = source
+        return found
+
     # -- machinery ------------------------------------------------------------------------
 
     def _backend(self, url: str) -> Backend:

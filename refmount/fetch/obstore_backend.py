@@ -137,6 +137,9 @@ def make_backend(
         # obstore follows redirects by itself, and sends such headers to any host.
         log.info("%s: byte ranges through fsspec: obstore would send headers across "
                  "redirects to other hosts", protocol)  # fmt: skip
+    elif config.obstore_gap is not None:
+        log.info("%s: obstore has no equivalent for %s: what refmount's client does not "
+                 "do goes through fsspec", protocol, config.obstore_gap)  # fmt: skip
     else:
         timeout = None if deadline is None else deadline + TIMEOUT_MARGIN
         backend = ObstoreBackend(protocol, config, fsspec_backend, timeout, threads)
@@ -149,7 +152,8 @@ def make_backend(
         return HttpBackend(headers, backend, buffers=buffers)
     if protocol == "https":
         return HttpBackend(headers, backend, tls=trust.context(), buffers=buffers)
-    if protocol in S3_PROTOCOLS and (s3 := s3_client(config)) is not None:
+    s3 = s3_client(config, deadline or 30.0) if protocol in S3_PROTOCOLS else None
+    if s3 is not None:
         tls = trust.context() if s3.scheme == "https" else None
         return HttpBackend(headers, backend, tls=tls, s3=s3, buffers=buffers)
     return backend

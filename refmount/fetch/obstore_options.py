@@ -17,6 +17,8 @@ fsspec option                   obstore configuration
 ``client_kwargs.region_name``
 ``use_ssl: false``              client option ``allow_http: true``
 ``requester_pays: true``        ``request_payer: true``
+``profile``                     none: refmount's own client signs with the profile's
+                                credentials (botocore's chain), fsspec does the rest
 ``config_kwargs.max_pool_connections``  nothing: refmount bounds requests itself
 **gs, gcs** (gcsfs)
 ``token: "anon"``               ``skip_signature: true``
@@ -40,12 +42,14 @@ fsspec option                   obstore configuration
 
 fsspec's own caching and listing settings (``default_block_size``, ``block_size``,
 ``use_listings_cache``, ``skip_instance_cache``, ``cache_type``, ...) mean nothing to a
-ranged read and are ignored.  Everything else (``profile``, ``client_kwargs.auth``,
+ranged read and are ignored.  Everything else (``client_kwargs.auth``,
 gcsfs's ``token: "cloud"``, adlfs's ``credential`` object, ...) keeps the protocol on
-fsspec.  Two cases that need no option also stay on fsspec, because only botocore
-handles them: S3 credentials from an AWS profile (``~/.aws``, ``AWS_PROFILE``) when no
-key is given, and S3 on AWS itself with no region given or set in the environment
-(s3fs asks AWS for a bucket's region; obstore would sign for the wrong one).
+fsspec.  S3 credentials from an AWS profile (the ``profile`` option, ``AWS_PROFILE``,
+``~/.aws``) when no key is given are botocore's alone: refmount's own client signs
+with them (:mod:`refmount.fetch.http.aws_credentials`), and what it leaves (sizes,
+URLs it cannot address) goes to fsspec, not obstore (:attr:`StoreConfig.obstore_gap`).
+S3 on AWS itself with no region given or set in the environment stays on fsspec (s3fs
+asks AWS for a bucket's region; obstore would sign for the wrong one).
 
 Every store also gets refmount's client settings: no retries inside obstore (the
 fetcher retries, under its own deadline), a total timeout of the fetcher's deadline plus
@@ -118,13 +122,19 @@ class StoreConfig:
     )
     #: GCS: an access token sent as it is (obstore takes it through a credential provider).
     bearer_token: str | None = None
+    #: S3: the AWS profile named in the options (s3fs's ``profile``)
+    aws_profile: str | None = None
+    #: What obstore cannot do of this configuration (None: nothing): refmount's own
+    #: client may still serve it, with fsspec for the rest.
+    obstore_gap: str | None = None
 
 
 def translate(protocol: str, options: Mapping[str, Any]) -> StoreConfig:
     """The obstore configuration for fsspec storage options of ``protocol``.
 
     Raises :class:`Untranslatable` naming the first option (or situation) only fsspec
-    understands."""
+    understands.  A configuration obstore can take only in part says why in
+    :attr:`StoreConfig.obstore_gap`."""
     options = {k: v for k, v in options.items() if k not in FSSPEC_ONLY}
     if protocol in S3_PROTOCOLS:
         return _s3(options)
@@ -186,10 +196,14 @@ def _s3(options: dict[str, Any]) -> StoreConfig:
         store.client_options["allow_http"] = True
     if options.pop("requester_pays", False):
         store.config["request_payer"] = True
+    if (profile := options.pop("profile", None)) is not None:
+        store.aws_profile = str(profile)
     _refuse_rest(options)
     signs = "access_key_id" in store.config or store.config.get("skip_signature")
-    if not signs and not _aws_env_has_key() and _aws_profile_in_use():
-        raise Untranslatable("credentials from an AWS profile (~/.aws or AWS_PROFILE)")
+    if store.aws_profile and not signs:
+        store.obstore_gap = f"credentials from the AWS profile {store.aws_profile!r}"
+    elif not signs and not _aws_env_has_key() and _aws_profile_in_use():
+        store.obstore_gap = "credentials from an AWS profile (~/.aws or AWS_PROFILE)"
     if endpoint is None and "region" not in store.config and not _aws_env_region():
         raise Untranslatable("no region for S3 on AWS (give region, or set AWS_REGION)")
     return store

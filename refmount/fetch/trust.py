@@ -215,7 +215,8 @@ TRUSTING_FSSPEC = frozenset({"http", "https", "s3", "s3a"})
 def fsspec_options(protocol: str, options: Mapping[str, Any], trust: Trust) -> dict[str, Any]:
     """fsspec storage options that verify against ``trust``: an SSL context for the
     HTTP filesystem (aiohttp takes it per request), one CA file for s3fs (botocore's
-    ``verify``).  A ``verify`` or ``ssl`` the user gave stays as given (such options
+    ``verify``; and ``region`` as s3fs spells it, ``client_kwargs.region_name``).  A
+    ``verify`` or ``ssl`` the user gave stays as given (such options
     keep the protocol on fsspec); one that turns verification off says so in the log,
     once per mount and scope."""
     options = dict(options)
@@ -225,6 +226,8 @@ def fsspec_options(protocol: str, options: Mapping[str, Any], trust: Trust) -> d
     elif protocol in ("s3", "s3a"):
         client_kwargs = dict(options.get("client_kwargs") or {})
         client_kwargs.setdefault("verify", trust.ca_file())
+        if "region" in options:  # refmount's spelling (obstore's); s3fs has none
+            client_kwargs.setdefault("region_name", options.pop("region"))
         options["client_kwargs"] = client_kwargs
         given = client_kwargs["verify"]
     else:

@@ -6,13 +6,14 @@ from ``_ARRAY_DIMENSIONS`` (a Zarr v3 array's ``dimension_names`` are presented 
 the decoded view); an array without names gets ``<array>_dim<i>``; a name met again with
 another length is a new dimension ``<name>_<length>`` (logged).  A rank-0 array is a
 scalar variable.  ``|S<n>`` arrays take a last dimension ``strlen<n>``, and those
-holding text (``<U<n>``, ``vlen-utf8``) ``_Encoding = "utf-8"``.  Attributes are
-the decoded view's ``.zattrs`` (CF time units of datetimes included) without
-``_ARRAY_DIMENSIONS``; ``_FillValue`` in the variable's type (left out, logged, when the
-value is not one).  The values start :data:`HEADER_BLOCKS` blocks into the file, past
-what reading the header brings in.  What the decoded view leaves out, and arrays whose type netCDF
-classic has no place for, are left out of the file, logged and listed by
-``refmount check --netcdf``.
+holding text (``<U<n>``, ``vlen-utf8``) ``_Encoding = "utf-8"``; an ``|S1`` array is a
+char array already (a netCDF file's ``char name(station, strlen)`` as kerchunk and
+VirtualiZarr reference it), served as it is.  Attributes are the decoded view's
+``.zattrs`` (CF time units of datetimes included) without ``_ARRAY_DIMENSIONS``, in the
+types CF gives them (:mod:`refmount.netcdf.attributes`).  The values start
+:data:`HEADER_BLOCKS` blocks into the file, past what reading the header brings in.
+What the decoded view leaves out, and arrays whose type netCDF classic has no place
+for, are left out of the file, logged and listed by ``refmount check --netcdf``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +30,10 @@ import numpy as np
 from refmount.decode.arrays import Array, ArrayRefused, ChunkDecoder
 from refmount.decode.scalars import DIMENSIONS_ATTRIBUTE
 from refmount.decode.strings import vlen_codecs
+from refmount.decode.v3.tree import V3AsV2
 from refmount.decode.view import DecodedRefSet
 from refmount.errors import FetchError
+from refmount.netcdf.attributes import FILL, variable_attributes, zarr_fill
 from refmount.netcdf.header import (
     FORMATS,
     TYPES,
@@ -41,8 +45,8 @@ from refmount.netcdf.header import (
     fits,
     lay_out,
 )
-from refmount.netcdf.options import SUFFIX
-from refmount.netcdf.types import FileType, TypeRefused, attribute, file_type, fill_attribute
+from refmount.netcdf.names import file_keys
+from refmount.netcdf.types import FileType, TypeRefused, attribute, file_type
 from refmount.refs.model import BLOCK_SIZE
 
 log = logging.getLogger(__name__)
@@ -122,10 +126,12 @@ class NcFile:
 
 @dataclass
 class Files:
-    """Every file of a view, and what was left out of them (array path -> why)."""
+    """Every file of a view, and what was left out of them (array path -> why; group
+    path -> why, :mod:`refmount.netcdf.names`)."""
 
     files: list[NcFile]
     left_out: dict[str, str] = field(default_factory=dict)
+    left_out_groups: dict[str, str] = field(default_factory=dict)
 
 
 async def groups(view: DecodedRefSet) -> tuple[dict[str, list[str]], dict[str, str]]:
@@ -154,30 +160,43 @@ async def groups(view: DecodedRefSet) -> tuple[dict[str, list[str]], dict[str, s
     return found, left_out
 
 
-def file_key(name: str, group: str) -> str:
-    """The file of a group: ``<name>.nc`` for the root, ``<name>.<a>.<b>.nc`` for ``a/b``."""
-    return f"{name}.{group.replace('/', '.')}{SUFFIX}" if group else f"{name}{SUFFIX}"
-
-
 async def build(view: DecodedRefSet, name: str, choice: str) -> Files:
     """The files of ``view`` (``name`` the root file's name, ``choice`` the format); the
     root group's is always the first (:data:`refmount.netcdf.options.ROOT_FILE_ID`)."""
     found, left_out = await groups(view)
     files = Files([], left_out)
+    described: dict[str, tuple[dict[str, Any], list[tuple[str, Array, dict[str, Any]]]]] = {}
     for group, arrays in found.items():
         if group and not arrays:
             continue
-        global_attributes = await _document(view, group)
-        described = []
+        documents = []
         for path in arrays:
-            document = await _document(view, path)
             array = view.array_at(path)
             assert isinstance(array, Array)
-            described.append((path, array, document))
-        made, refused = _file(file_key(name, group), global_attributes, described, choice)
+            documents.append((path, array, await _document(view, path)))
+        described[group] = (await _document(view, group), documents)
+    fills = zarr_fills_mean_fill_values(view, described.values())
+    keys, files.left_out_groups = file_keys(name, list(described))
+    for group, (global_attributes, arrays) in described.items():
+        if group not in keys:
+            continue
+        made, refused = _file(keys[group], global_attributes, arrays, choice, fills)
         files.files.append(made)
         files.left_out.update(refused)
     return files
+
+
+def zarr_fills_mean_fill_values(
+    view: DecodedRefSet,
+    groups: Iterable[tuple[dict[str, Any], list[tuple[str, Array, dict[str, Any]]]]],
+) -> bool:
+    """Whether the arrays' Zarr ``fill_value`` stand for their ``_FillValue``: in Zarr v2
+    sets none of whose arrays has the attribute (kerchunk moves each there; VirtualiZarr
+    and xarray keep it, and give arrays without one a ``fill_value`` all the same).  A
+    Zarr v3 ``fill_value`` never does (xarray's reading too)."""
+    if isinstance(view.raw, V3AsV2):
+        return False
+    return not any(FILL in document for _, arrays in groups for _, _, document in arrays)
 
 
 async def _document(view: DecodedRefSet, path: str) -> dict[str, Any]:
@@ -204,11 +223,14 @@ def _file(
     global_attributes: dict[str, Any],
     arrays: list[tuple[str, Array, dict[str, Any]]],
     choice: str,
+    zarr_fills: bool = False,
 ) -> tuple[NcFile, dict[str, str]]:
-    """The file of one group, and its arrays netCDF classic has no type for."""
+    """The file of one group, and its arrays netCDF classic has no type for;
+    ``zarr_fills``: whether Zarr fill values stand for ``_FillValue``
+    (:func:`zarr_fills_mean_fill_values`)."""
     versions = [2, 5] if choice == "auto" else [FORMATS[choice]]
     for version in versions:
-        builder = _Builder(version == 5)
+        builder = _Builder(version == 5, zarr_fills)
         header = builder.header(version, global_attributes, arrays)
         if version != versions[-1] and not fits(header):
             continue
@@ -222,8 +244,9 @@ def _file(
 
 
 class _Builder:
-    def __init__(self, cdf5: bool) -> None:
+    def __init__(self, cdf5: bool, zarr_fills: bool = False) -> None:
         self.cdf5 = cdf5
+        self.zarr_fills = zarr_fills
         self.dimensions: list[Dimension] = []
         self._ids: dict[str, int] = {}
         self.sources: list[Source] = []
@@ -242,7 +265,7 @@ class _Builder:
             except TypeRefused as exc:
                 self.left_out[path] = str(exc)
                 log.warning("array %r is left out of the netCDF file: %s", path, exc)
-        return Header(version, self.dimensions, self._attributes("", global_attributes), variables)
+        return Header(version, self.dimensions, self._attributes(global_attributes), variables)
 
     def _dimension(self, name: str, length: int, where: str) -> int:
         wanted = name
@@ -284,10 +307,13 @@ class _Builder:
             for i, (n, length) in enumerate(zip(names, shape, strict=True))
         ]
         file_shape = shape
-        if kind.width is not None:
+        if kind.width is not None and not (kind.width == 1 and shape):
             dimids.append(self._dimension(f"strlen{kind.width}", kind.width, path))
             file_shape = (*shape, kind.width)
-        attributes = self._attributes(path, document, kind)
+        fill = zarr_fill(meta, scalar=array.scalar, kind=kind) if self.zarr_fills else None
+        attributes = variable_attributes(path, document, kind, cdf5=self.cdf5, fill=fill)
+        if kind.unsigned and "_Unsigned" not in document:
+            attributes.append(attribute("_Unsigned", "true", cdf5=self.cdf5))
         if kind.width is not None and _text(array) and ENCODING not in document:
             attributes.append(attribute(ENCODING, "utf-8", cdf5=self.cdf5))
         variable = Variable(name, tuple(dimids), kind.nc_type, file_shape, attributes)
@@ -297,26 +323,13 @@ class _Builder:
         )
         return variable
 
-    def _attributes(
-        self, path: str, document: dict[str, Any], kind: FileType | None = None
-    ) -> list[Attribute]:
-        out = []
-        for name, value in document.items():
-            if name == DIMENSIONS_ATTRIBUTE or not name:
-                continue
-            if name == "_FillValue" and kind is not None:
-                fill = fill_attribute(value, kind)
-                if fill is None:
-                    log.warning(
-                        "%s: _FillValue %r is not a value of its type: left out", path, value
-                    )
-                else:
-                    out.append(fill)
-                continue
-            out.append(attribute(name, value, cdf5=self.cdf5))
-        if kind is not None and kind.unsigned and "_Unsigned" not in document:
-            out.append(attribute("_Unsigned", "true", cdf5=self.cdf5))
-        return out
+    def _attributes(self, document: dict[str, Any]) -> list[Attribute]:
+        """Global attributes."""
+        return [
+            attribute(name, value, cdf5=self.cdf5)
+            for name, value in document.items()
+            if name and name != DIMENSIONS_ATTRIBUTE
+        ]
 
 
 def _text(array: Array) -> bool:
@@ -351,4 +364,4 @@ def _absent_fill(zarr_fill: Any, attribute_fill: Any, kind: FileType) -> bytes:
     return bytes(served.itemsize)
 
 
-__all__ = ["Files", "NcFile", "Source", "build", "file_key", "groups"]
+__all__ = ["Files", "NcFile", "Source", "build", "groups"]

@@ -20,7 +20,7 @@ ROOT_FILE_ID = 0
 
 
 def add_netcdf_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("netCDF files (README: netCDF view)")
+    g = p.add_argument_group("netCDF files (docs/views.md: netCDF view)")
     g.add_argument(
         "--netcdf",
         action="store_true",

@@ -14,16 +14,18 @@ streams per file (:mod:`refmount.cache.streams`, as the block cache follows remo
 files): a sequential reader (``cp``, ``cat``, ``ncdump``) earns a read-ahead window of
 up to :data:`READ_AHEAD` bytes of the file, whose chunks are decoded ahead of it
 (:mod:`refmount.netcdf.ahead`), each decoded once.  A lone read (``ncdump -h`` reading
-the header) starts no read-ahead.
+the header) starts no read-ahead.  A variable whose rows meet more chunks than the
+budget keeps is read a stretch of rows at a time (:mod:`refmount.netcdf.stretches`).
 """
 
 from __future__ import annotations
 
 import bisect
 import errno
+import functools
 import itertools
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import trio
@@ -35,6 +37,7 @@ from refmount.netcdf.ahead import ReadAhead
 from refmount.netcdf.boxes import boxes, chunk_indices, overlap
 from refmount.netcdf.header import Variable
 from refmount.netcdf.model import NcFile, Source
+from refmount.netcdf.stretches import Stretches
 from refmount.netcdf.view import SCHEME, NetcdfRefSet
 from refmount.refs.model import Checksum, RefSet
 
@@ -59,6 +62,7 @@ class NetcdfReads:
         self._views: weakref.WeakValueDictionary[int, NetcdfRefSet] = weakref.WeakValueDictionary()
         self._serials = itertools.count()
         self.ahead = ReadAhead(self._chunk)
+        self.stretches = Stretches(self.blocks.budget)
         self.streams = StreamTracker(
             block_size=STREAM_REACH,
             max_part=AHEAD_STEP,
@@ -71,9 +75,13 @@ class NetcdfReads:
         """The netCDF view of ``raw``, whose files this reads; ``name.nc`` its root's."""
         serial = next(self._serials)
         decoded = self.decoded.view(raw)
-        view = NetcdfRefSet(decoded, serial, name, self.choice, closing=self.ahead.forget)
+        view = NetcdfRefSet(decoded, serial, name, self.choice, closing=self._closed)
         self._views[view.serial] = view
         return view
+
+    def _closed(self, view: NetcdfRefSet) -> None:
+        self.ahead.forget(view)
+        self.stretches.forget(view.serial)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep a nursery for the read-ahead's decodes until cancelled (the daemon's
@@ -81,7 +89,8 @@ class NetcdfReads:
         await self.ahead.run(task_status=task_status)
 
     def stats(self) -> dict[str, int]:
-        return {**self.decoded.stats(), **self._counters, **self.ahead.counters}
+        counters = {**self._counters, **self.ahead.counters, **self.stretches.counters}
+        return {**self.decoded.stats(), **counters}
 
     async def read_buffer(
         self,
@@ -135,6 +144,10 @@ class NetcdfReads:
         self, view: NetcdfRefSet, source: Source, first: int, last: int
     ) -> memoryview:
         """Elements ``first`` to ``last`` of a variable, as the file's bytes."""
+        if self.stretches.wide(source):
+            chunk = functools.partial(self._chunk, view)
+            values = await self.stretches.values(view.serial, source, first, last, chunk)
+            return source.kind.convert(values)
         runs = boxes(source.shape, first, last)
         wanted = {index for box in runs for index in chunk_indices(box, source.chunks)}
         chunks = await self._chunks(view, source, wanted)
@@ -193,12 +206,18 @@ class NetcdfReads:
         stretch_end = min(want.end, made.size)
         want.reached(stretch_end)
         if want.start < stretch_end:
-            self.ahead.want(view, _chunks_of(made, want.start, stretch_end))
+            chunks = _chunks_of(made, want.start, stretch_end, self.stretches.wide)
+            self.ahead.want(view, chunks)
 
 
-def _chunks_of(made: NcFile, start: int, end: int) -> Iterator[tuple[Source, tuple[int, ...]]]:
-    """The chunks whose values bytes ``start`` to ``end`` of the file hold, in file order."""
+def _chunks_of(
+    made: NcFile, start: int, end: int, wide: Callable[[Source], bool]
+) -> Iterator[tuple[Source, tuple[int, ...]]]:
+    """The chunks whose values bytes ``start`` to ``end`` of the file hold, in file order,
+    but those of ``wide`` variables (read by stretches, :mod:`refmount.netcdf.stretches`)."""
     for variable, source in _overlapping(made, start, end):
+        if wide(source):
+            continue
         low = max(start, variable.begin) - variable.begin
         high = min(end, variable.begin + variable.data_size) - variable.begin
         if low >= high:

@@ -16,8 +16,10 @@ Values (the decoded view's served dtype, :mod:`refmount.decode.dtypes`):
 
 Each value keeps its size in the file, so a value's offset is its index times its size
 in either view.  Attributes (JSON): text as NC_CHAR, integers as NC_INT (wider ones as
-NC_INT64 in CDF-5, else as exact doubles), other numbers as NC_DOUBLE, lists of numbers
-alike; anything else as its JSON text.
+NC_INT64 in CDF-5, else as exact doubles), numbers that are floats' values written out
+(:func:`from_single`) as NC_FLOAT, other numbers as NC_DOUBLE, lists of numbers alike;
+anything else as its JSON text.  :mod:`refmount.netcdf.attributes` gives those CF reads
+by type their variable's types.
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ from refmount.netcdf.header import (
 
 _SIGNED = {1: NC_BYTE, 2: NC_SHORT, 4: NC_INT}
 _UNSIGNED = {1: NC_UBYTE, 2: NC_USHORT, 4: NC_UINT}
-_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 INT32 = (-(1 << 31), (1 << 31) - 1)
+FLOAT_MAX = float(np.finfo(np.float32).max)
 
 
 class TypeRefused(Exception):
@@ -119,24 +122,6 @@ def file_type(served: np.dtype, *, boolean: bool, cdf5: bool) -> FileType:
     raise TypeRefused(f"dtype {served.str} has no netCDF classic type")
 
 
-def fill_attribute(value: Any, kind: FileType) -> Attribute | None:
-    """``_FillValue`` in the variable's type, or ``None`` if the value is not one."""
-    if kind.width is not None:
-        text = value.encode("utf-8") if isinstance(value, str) else None
-        return Attribute("_FillValue", NC_CHAR, text[:1]) if text else None
-    number = _NON_FINITE.get(value, value) if isinstance(value, str) else value
-    if isinstance(number, bool) or not isinstance(number, int | float):
-        return None
-    try:
-        served = np.array([number]).astype(kind.served)
-        if served[0] != number and not (math.isnan(number) and kind.served.kind == "f"):
-            return None
-        data = bytes(kind.convert(served))
-    except (OverflowError, ValueError, FetchError):
-        return None
-    return Attribute("_FillValue", kind.nc_type, np.frombuffer(data, kind.file_dtype))
-
-
 def attribute(name: str, value: Any, *, cdf5: bool) -> Attribute:
     """A JSON attribute value as a netCDF attribute."""
     if isinstance(value, str):
@@ -148,10 +133,40 @@ def attribute(name: str, value: Any, *, cdf5: bool) -> Attribute:
             found = _integers(name, numbers, cdf5)
             if found is not None:
                 return found
+        if single(numbers):
+            return Attribute(name, NC_FLOAT, np.array(numbers, dtype=">f4"))
         if all(isinstance(n, float) or _exact_double(n) for n in numbers):
             return Attribute(name, NC_DOUBLE, np.array(numbers, dtype=">f8"))
     text = json.dumps(value, ensure_ascii=False, allow_nan=True)
     return Attribute(name, NC_CHAR, text.encode("utf-8"))
+
+
+def floats_values(numbers: list[int | float]) -> bool:
+    """Whether every number is a float's value (NaN and infinities included)."""
+    return all(_float_value(n) for n in numbers)
+
+
+def _float_value(n: int | float) -> bool:
+    if not math.isfinite(n):
+        return True
+    return abs(n) <= FLOAT_MAX and float(np.float32(n)) == n
+
+
+def single(numbers: list[int | float]) -> bool:
+    """Whether JSON numbers are a float attribute's: floats' values, one of which says
+    so (:func:`from_single`)."""
+    floats = all(isinstance(n, float) for n in numbers)
+    return floats and floats_values(numbers) and any(map(from_single, numbers))
+
+
+def from_single(n: int | float) -> bool:
+    """Whether a JSON number is a float's value written out as a double: a float's
+    value whose shortest spelling as a float is shorter than its spelling as a double
+    (``0.009999999776482582``, which a float ``0.01`` becomes).  A number both spell alike
+    (``0.5``) says nothing."""
+    if not isinstance(n, float) or not math.isfinite(n) or not _float_value(n):
+        return False
+    return float(str(np.float32(n))) != n
 
 
 def _numbers(items: list[Any]) -> list[int | float] | None:
@@ -161,8 +176,8 @@ def _numbers(items: list[Any]) -> list[int | float] | None:
             out.append(int(item))
         elif isinstance(item, int | float):
             out.append(item)
-        elif isinstance(item, str) and item in _NON_FINITE and out:
-            out.append(_NON_FINITE[item])  # the decoded view's spelling after a number
+        elif isinstance(item, str) and item in NON_FINITE and out:
+            out.append(NON_FINITE[item])  # the decoded view's spelling after a number
         else:
             return None
     return out

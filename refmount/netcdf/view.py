@@ -2,7 +2,7 @@
 
 :class:`NetcdfRefSet` wraps the decoded view (:class:`refmount.decode.view.DecodedRefSet`)
 and is what the tree is given: a root directory holding ``<name>.nc`` (the root group)
-and ``<name>.<a>.<b>.nc`` per group ``a/b`` with arrays (:func:`refmount.netcdf.model.file_key`);
+and ``<name>.<a>.<b>.nc`` per group ``a/b`` with arrays (:mod:`refmount.netcdf.names`);
 the root group's is file 0, which a catalog lists beside each set before loading it.
 Each file is a URL ``refmount-netcdf:<view serial>/<file id>`` of the exact size its
 header says, known from the metadata alone; :mod:`refmount.netcdf.reads` serves its bytes.

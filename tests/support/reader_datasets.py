@@ -8,6 +8,13 @@ people write them with, and what the netCDF library reads back from them.
   ``station_name``; coordinates on an unlimited ``time``.
 * ``classic.nc`` (netCDF3 classic, big-endian): record variables on the unlimited
   ``time``, packed shorts, a NaN fill value.
+* ``packed.nc`` (netCDF4, :func:`write_packed_netcdf4`; not in the matrix of
+  tests/test_decode_readers.py): what gridded products hold, attributes in the types
+  CF gives them: ``precip`` int16 packed with float ``scale_factor``/``add_offset``
+  (unpacked to float), a quarter of it ``_FillValue`` -32767 (netCDF's default for
+  short, given explicitly) and ``valid_range`` in shorts; ``sst`` float with a
+  ``missing_value`` and float ``valid_min``/``valid_max``; ``flags`` ubyte with 255 as
+  its fill; ``station_name`` a char array ``(station, name_strlen)``.
 * ``plugins.h5`` (HDF5 written by h5py with hdf5plugin's filters): ``lz4`` with blosc-lz4
   (byte shuffle), ``zstd`` with zstd.  Values compressible enough that HDF5 keeps every
   chunk filtered (it stores a chunk raw, flagged, when an optional filter does not shrink
@@ -138,6 +145,58 @@ def write_classic_netcdf3(path: Path, seed: int = 42) -> Path:
         values = rng.normal(0.0, 1.0, (ny, nx)).astype("f4")
         values[2, :3] = np.nan
         nanfill[:] = values
+    return path
+
+
+def write_packed_netcdf4(path: Path, seed: int = 44) -> Path:
+    rng = np.random.default_rng(seed)
+    ntime, ny, nx = 6, 30, 40
+    with netCDF4.Dataset(path, "w", format="NETCDF4") as ds:
+        ds.Conventions = "CF-1.8"
+        ds.createDimension("time", ntime)
+        ds.createDimension("lat", ny)
+        ds.createDimension("lon", nx)
+        time = ds.createVariable("time", "f8", ("time",))
+        time.units = "days since 1800-01-01"
+        time[:] = 80000.0 + np.arange(ntime) * 30.0
+        lat = ds.createVariable("lat", "f4", ("lat",))
+        lat.units = "degrees_north"
+        lat[:] = np.linspace(-72.5, 72.5, ny, dtype="f4")
+        lon = ds.createVariable("lon", "f4", ("lon",))
+        lon.units = "degrees_east"
+        lon[:] = np.linspace(0.0, 351.0, nx, dtype="f4")
+        precip = ds.createVariable(
+            "precip", "i2", ("time", "lat", "lon"), zlib=True, chunksizes=(1, ny, nx),
+            fill_value=np.int16(-32767),
+        )  # fmt: skip
+        precip.set_auto_maskandscale(False)
+        precip.scale_factor = np.float32(0.01)
+        precip.add_offset = np.float32(0.0)
+        precip.valid_range = np.array([0, 30000], "i2")
+        precip.actual_range = np.array([0.0, 99.53], "f4")
+        precip.units = "mm/day"
+        packed = np.round(rng.gamma(0.8, 6.0, (ntime, ny, nx)) * 100).clip(0, 9950)
+        packed[rng.random((ntime, ny, nx)) < 0.25] = -32767
+        precip[:] = packed.astype("i2")
+        sst = ds.createVariable(
+            "sst", "f4", ("time", "lat", "lon"), zlib=True, fill_value=np.float32(-9.96921e36)
+        )
+        sst.missing_value = np.float32(-9.96921e36)
+        sst.valid_min = np.float32(-1.8)
+        sst.valid_max = np.float32(45.0)
+        sst.units = "degC"
+        sst[:] = rng.normal(15.0, 8.0, (ntime, ny, nx)).clip(-1.8, 45.0).astype("f4")
+        sst[:, :5, :] = np.ma.masked  # land
+        flags = ds.createVariable("flags", "u1", ("lat", "lon"), fill_value=np.uint8(255))
+        flags.valid_range = np.array([0, 254], "u1")
+        flags[:] = rng.integers(0, 255, (ny, nx), dtype="u1")
+        flags[0, :7] = np.ma.masked
+        ds.createDimension("station", 3)
+        ds.createDimension("name_strlen", 7)
+        name = ds.createVariable("station_name", "S1", ("station", "name_strlen"))
+        name.long_name = "station name"
+        name.cf_role = "timeseries_id"
+        name[:] = netCDF4.stringtochar(np.array(["Zurich", "Bern", "As"], "S7"))
     return path
 
 

@@ -65,6 +65,7 @@ from refmount.fetch.http.connection import Connection, ConnectionLost
 from refmount.fetch.http.pool import ConnectionPool
 from refmount.fetch.http.response import Head
 from refmount.fetch.http.s3 import S3Client
+from refmount.fetch.http.sigv4 import Signer
 from refmount.fetch.logins import Logins, for_process
 from refmount.fetch.redirects import Redirected
 from refmount.redaction import redact
@@ -146,10 +147,11 @@ def request_head(
     headers: Mapping[str, str],
     checksum: Checksum | None,
     s3: S3Client | None = None,
+    signer: Signer | None = None,
 ) -> bytes:
     """The request for bytes ``[start, end)``: refmount's fixed headers, the checksum's
     condition, then the user's own (``Accept-Encoding`` is always identity); for S3
-    its own headers and the signature over all of them.  Every header is checked once
+    its own headers and ``signer``'s signature over all of them.  Every header is checked once
     more as it is written (see :mod:`refmount.header_text`): one that would end its
     line is FetchError, never sent."""
     fields = [
@@ -161,8 +163,8 @@ def request_head(
     ]
     if s3 is not None:
         fields += s3.extra_headers()
-        if s3.signer is not None:
-            fields += s3.signer.headers("GET", target.path.decode("ascii"), fields)
+        if signer is not None:
+            fields += signer.headers("GET", target.path.decode("ascii"), fields)
     lines = [b"GET " + target.path + b" HTTP/1.1"]
     for name, value in fields:
         problem = header_text.name_problem(name) or header_text.value_problem(value)
@@ -253,7 +255,13 @@ class HttpBackend:
         refusal (EACCES), an S3 endpoint's redirect ``elsewhere()``."""
         if self.logins is not None and (why := self.logins.refusal(target.host)) is not None:
             raise FetchError(f"{why}; not asked again for a while", errno.EACCES)
-        request = request_head(target, start, end, self._headers(url, target), checksum, self.s3)
+        signer = None
+        if self.s3 is not None and self.s3.credentials is not None:
+            signer = await self.s3.credentials.signer()
+            if signer is None:  # botocore's chain found none: as before, obstore looks
+                return await elsewhere()
+        headers = self._headers(url, target)
+        request = request_head(target, start, end, headers, checksum, self.s3, signer)
         if (target.host, target.port) not in self._hosts_seen:
             self._hosts_seen.add((target.host, target.port))
             log.info(
@@ -327,11 +335,12 @@ class HttpBackend:
             why = f"the login to {host} was refused (HTTP 401) with its .netrc credentials"
             if not self._authorized:
                 self.logins.refused(target.host, why)
-        elif self._authorized:
-            why = f"{host} refused the Authorization given for it (HTTP 401)"
-        else:
-            why = f"{host} asks for a login (HTTP 401), and .netrc has no entry for it"
-        return FetchError(why, errno.EACCES)
+            return FetchError(why, errno.EACCES)
+        if self._authorized:
+            return FetchError(f"{host} refused the Authorization given for it (HTTP 401)",
+                              errno.EACCES)  # fmt: skip
+        return FetchError(f"{host} asks for a login (HTTP 401), and .netrc has no entry for it",
+                          errno.EACCES)  # fmt: skip
 
     def _locate(self, url: str) -> _Target | None:
         if self.s3 is None:
@@ -342,7 +351,23 @@ class HttpBackend:
         return await self.fallback.version(url)
 
     async def prepare(self) -> None:
+        if self.s3 is not None and self.s3.credentials is not None:
+            await self.s3.credentials.signer()  # looked up ahead of the first read
         await self.fallback.prepare()
+
+    async def signing(self) -> str | None:
+        """Where this scope's S3 requests are signed from, looked up if not yet: the
+        source, or why none could be had; None where nothing is signed (not S3,
+        anonymous)."""
+        if self.s3 is None or self.s3.credentials is None:
+            return None
+        try:
+            found = await self.s3.credentials.signer()
+        except FetchError as exc:
+            return str(exc)
+        if found is None:
+            return "none found by botocore's chain (obstore looks for its own)"
+        return self.s3.credentials.source
 
     def close(self) -> None:
         self.pool.close()

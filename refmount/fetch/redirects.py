@@ -32,7 +32,7 @@ from collections import OrderedDict
 from urllib.parse import parse_qs, urljoin, urlsplit
 
 from refmount import header_text
-from refmount.authority import authority_problem, place_of
+from refmount.authority import authority_problem
 from refmount.errors import FetchError
 from refmount.redaction import redact_url
 
@@ -51,12 +51,6 @@ class Redirected(Exception):
         self.url = url
         self.status = status
         self.location = location
-
-
-def origin(url: str) -> tuple[str, str, int | None]:
-    """``(scheme, host, port)`` of a URL, the port made explicit."""
-    place = place_of(url)
-    return place.protocol, place.host, place.port
 
 
 def follow(url: str, location: str | None) -> str:

@@ -11,6 +11,7 @@ http:// reads go through this client by default.
 from __future__ import annotations
 
 import errno
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,11 +19,10 @@ import pytest
 import trio
 
 from refmount.errors import FetchError
-from refmount.fetch import Fetcher, FetchPolicy
+from refmount.fetch import Fetcher, FetchPolicy, redirects
 from refmount.fetch.http import HttpBackend
 from refmount.fetch.http import backend as http_backend
 from refmount.fetch.http.response import MAX_HEAD, ProtocolError, parse_head
-from refmount.fetch.obstore_backend import ObstoreBackend
 from tests.support.nginx import NginxServer
 from tests.support.rawserver import RawServer, asked_range, partial
 from tests.support.servers import HOST, RangeServer
@@ -237,9 +237,12 @@ def test_a_head_without_end_is_refused_at_its_bound(raw_server: Callable[..., Ra
     reader.close()
 
 
-def test_a_redirect_is_followed_through_obstore_and_remembered(
+def test_a_redirect_is_followed_by_the_fetcher_and_its_target_remembered(
     raw_server: Callable[..., RawServer], served: str, http: RangeServer
 ) -> None:
+    """The first read is redirected and follows to the target through refmount's
+    client; the next reads of the URL ask the target directly (a pre-signed URL is
+    valid for a while), not the first host again."""
     server = raw_server(lambda head: (f"HTTP/1.1 302 Found\r\nLocation: {served}\r\n"
                                       "Content-Length: 0\r\n\r\n".encode(), True))  # fmt: skip
     url = f"http://{HOST}:{server.port}/moved.bin"
@@ -250,12 +253,60 @@ def test_a_redirect_is_followed_through_obstore_and_remembered(
             assert await reader.fetch(url, start, start + 300) == DATA[start : start + 300]
 
     trio.run(main)
-    backend = reader._backend(url)
-    assert isinstance(backend, HttpBackend)
-    assert isinstance(backend.fallback, ObstoreBackend)
-    assert len(server.requests) == 4  # the client's first ask, then obstore's three
+    assert isinstance(reader._backend(url), HttpBackend)
+    assert len(server.requests) == 1
     assert http.stats()["requests"] == 3
     reader.close()
+
+
+def test_a_remembered_target_that_fails_is_forgotten_and_the_redirect_asked_again(
+    raw_server: Callable[..., RawServer],
+) -> None:
+    """A pre-signed URL revoked (403) before the expiry its query states: the read
+    asks the first host again and reads where it now leads."""
+    revoked: set[bytes] = set()
+
+    def target(head: bytes) -> tuple[bytes, bool]:
+        path = head.split(b" ")[1].split(b"?")[0]
+        if path in revoked:
+            return b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n", True
+        return ranged_answer(head), True
+
+    second = raw_server(target)
+    leads_to = [b"/signed-1"]
+
+    def first(head: bytes) -> tuple[bytes, bool]:
+        location = f"http://{HOST}:{second.port}{leads_to[-1].decode()}?Expires=9999999999"
+        reply = f"HTTP/1.1 307 Moved\r\nLocation: {location}\r\nContent-Length: 0\r\n\r\n"
+        return reply.encode(), True
+
+    server = raw_server(first)
+    url = f"http://{HOST}:{server.port}/granule.nc"
+    reader = fetcher(retries=0)
+
+    async def main() -> None:
+        assert await reader.fetch(url, 0, 100) == DATA[:100]
+        assert await reader.fetch(url, 100, 200) == DATA[100:200]
+        assert len(server.requests) == 1
+        revoked.add(b"/signed-1")
+        leads_to.append(b"/signed-2")
+        assert await reader.fetch(url, 200, 300) == DATA[200:300]
+
+    trio.run(main)
+    assert len(server.requests) == 2
+    asked = [h.split(b" ")[1].split(b"?")[0] for h in second.requests]
+    assert asked == [b"/signed-1", b"/signed-1", b"/signed-1", b"/signed-2"]
+    reader.close()
+
+
+def test_how_long_a_presigned_url_is_valid() -> None:
+    now = time.time()
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now - 100))
+    sigv4 = f"https://b.s3.amazonaws.com/k?X-Amz-Date={stamp}&X-Amz-Expires=3600&X-Amz-Signature=s"
+    assert 3400 < redirects.valid_for(sigv4) < 3500
+    assert redirects.valid_for(f"https://d.cloudfront.net/k?Expires={int(now) + 3}") <= 0
+    assert redirects.valid_for("https://mirror.example/k") == float("inf")
+    assert redirects.valid_for("https://h/k?Expires=soon") == 0
 
 
 def test_requests_carry_the_users_headers_and_never_compression(
@@ -297,10 +348,11 @@ def test_urls_the_client_leaves_to_the_fallback(monkeypatch: pytest.MonkeyPatch)
     target.cache_clear()
     assert target("http://h:8080/a/b.nc", "http")[:3] == ("h", 8080, b"/a/b.nc")
     assert target("https://h/a/b.nc", "https") == ("h", 443, b"/a/b.nc", "h")
+    # a pre-signed URL's query is sent as written; a fragment never is
+    assert target("http://h/a?sig=1&x=%2F", "http")[2] == b"/a?sig=1&x=%2F"
+    assert target("http://h/a#f", "http")[2] == b"/a"
     for url in (
         "http://u:p@h/a",
-        "http://h/a?sig=1",
-        "http://h/a#f",
         "https://h/a",
         "http://h/a b",
     ):

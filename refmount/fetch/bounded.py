@@ -10,7 +10,8 @@ at 0, a ``Content-Range`` other than the asked one) raises :class:`WrongAnswer`.
 
 A read given a :class:`~refmount.refs.model.Checksum` asks for that version only and
 checks the answer's ETag or Last-Modified (:mod:`refmount.fetch.checksums`).  HTTP
-redirects are followed here, not by aiohttp, as :mod:`refmount.fetch.redirects` allows.
+redirects are not followed here (nor by aiohttp): the fetcher follows them, as
+:mod:`refmount.fetch.redirects` says.
 
 These coroutines run on fsspec's asyncio loop.
 """
@@ -104,26 +105,17 @@ def _raise_for_status(resp: Any, url: str) -> None:
         raise HTTPStatusError(resp.status, url)
 
 
-def _keyed(fs: Any) -> bool:
-    """Whether the filesystem's requests carry headers or credentials of the user's."""
-    found = (fs.kwargs, getattr(fs, "client_kwargs", None) or {})
-    return any(options.get("headers") or options.get("auth") for options in found)
-
-
 @contextlib.asynccontextmanager
 async def _answer(fs: Any, method: str, url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
-    """The answer to ``method url``, redirects followed as :mod:`refmount.fetch.redirects`
-    allows (aiohttp would send the session's headers to any host it is sent to)."""
+    """The answer to ``method url``; a redirect is :class:`Redirected`, for the fetcher
+    to follow as :mod:`refmount.fetch.redirects` says (aiohttp would send the session's
+    headers to any host it is sent to)."""
     session = await fs.set_session()
     options = {**_request_options(fs, headers), "allow_redirects": False}
-    for _ in range(redirects.MAX_REDIRECTS + 1):
-        async with session.request(method, fs.encode_url(url), **options) as resp:
-            if resp.status not in redirects.STATUSES:
-                yield resp
-                return
-            location = resp.headers.get("Location")
-        url = redirects.follow(url, location, keyed=_keyed(fs))
-    raise WrongAnswer(f"{url}: more than {redirects.MAX_REDIRECTS} redirects")
+    async with session.request(method, fs.encode_url(url), **options) as resp:
+        if resp.status in redirects.STATUSES:
+            raise redirects.Redirected(url, resp.status, resp.headers.get("Location"))
+        yield resp
 
 
 async def http_range(

@@ -28,12 +28,15 @@ from urllib.parse import urlsplit
 import fsspec
 import trio
 
+from refmount.authority import authority_problem, place_of
 from refmount.errors import FetchError
+from refmount.fetch import redirects
 from refmount.fetch.backend import MAX_FILE_SIZE, Backend, Version, WrongAnswer
 from refmount.fetch.buffers import BufferPool
 from refmount.fetch.checksums import ChangedObject
 from refmount.fetch.http import HttpBackend
 from refmount.fetch.local import LocalBackend
+from refmount.fetch.logins import Logins, for_process
 from refmount.fetch.obstore_backend import make_backend
 from refmount.fetch.trust import certificate_failure
 from refmount.protocols import LOCAL_PROTOCOLS
@@ -123,6 +126,8 @@ class Fetcher:
     #: block cache gives its evicted parts' buffers back to it (it sets the limit).
     #: None where no backend of this process receives bodies (fetch worker processes).
     buffers: BufferPool | None = field(default_factory=BufferPool)
+    #: the process's .netrc credentials, cookies and login lock
+    logins: Logins = field(default_factory=for_process)
 
     def __post_init__(self) -> None:
         self._local = LocalBackend()
@@ -131,6 +136,8 @@ class Fetcher:
         self._all = trio.CapacityLimiter(self.policy.max_requests)
         self._sizes: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
+        #: where reads were redirected to, asked there directly for a while
+        self._moved = redirects.Remembered()
         self._nursery: trio.Nursery | None = None
         self.remote_options = {
             key if key == FLAT or "://" not in key or is_prefix(key) else scope_of(key): dict(value)
@@ -199,8 +206,8 @@ class Fetcher:
             return b""
         want = end - start
 
-        async def attempt(backend: Backend) -> bytes:
-            data = await backend.read(url, start, end, checksum)
+        async def attempt(backend: Backend, where: str) -> bytes:
+            data = await backend.read(where, start, end, checksum)
             if len(data) > want or (len(data) < want and not allow_short):
                 raise WrongAnswer(f"asked for {want} bytes at offset {start}, got {len(data)}")
             return data
@@ -239,8 +246,8 @@ class Fetcher:
         if known is not None:
             return known
 
-        async def attempt(backend: Backend) -> int:
-            size = await backend.size(url)
+        async def attempt(backend: Backend, where: str) -> int:
+            size = await backend.size(where)
             if not isinstance(size, int) or not 0 <= size <= MAX_FILE_SIZE:
                 raise FetchError(f"{redact(url)}: the store reports a size of {size!r} bytes")
             return size
@@ -254,8 +261,8 @@ class Fetcher:
         with the same deadlines and retries as a read (see
         :func:`~refmount.fetch.backend.version_of`)."""
 
-        async def attempt(backend: Backend) -> Version:
-            return await backend.version(url)
+        async def attempt(backend: Backend, where: str) -> Version:
+            return await backend.version(where)
 
         return await self._with_retries(url, attempt)
 
@@ -306,9 +313,15 @@ class Fetcher:
         return backend
 
     def _new_backend(self, protocol: str, options: dict[str, Any]) -> Backend:
-        """A backend for one scope of a remote protocol."""
+        """A backend for one scope of a remote protocol.  With ``.netrc`` credentials,
+        ``http://`` and ``https://`` are read in this process even with fetch workers:
+        the steps of one login (the login host, the archive that sets the cookie, the
+        read that sends it) must share one cookie jar, and each worker has its own."""
         policy = self.policy
-        return self.make_remote(
+        make = self.make_remote
+        if protocol in ("http", "https") and self.logins.credentials:
+            make = make_backend
+        return make(
             protocol,
             options,
             self.backend,
@@ -337,7 +350,7 @@ class Fetcher:
             limiter = self._hosts[scope] = trio.CapacityLimiter(self.policy.max_requests_per_host)
         return limiter
 
-    async def _with_retries(self, url: str, attempt: Callable[[Backend], Awaitable[T]]) -> T:
+    async def _with_retries(self, url: str, attempt: Callable[[Backend, str], Awaitable[T]]) -> T:
         """Run ``attempt`` until it succeeds, fails for good, or has had its tries.
 
         Each try has one deadline, ``timeout``, which covers the wait for a request slot
@@ -345,13 +358,21 @@ class Fetcher:
         within ``(retries + 1) * timeout`` plus the backoffs, like the reader in front.
         """
         try:
+            problem = authority_problem(url, userinfo=True)  # checked strictly at load
+            if problem is not None:
+                raise FetchError(f"{redact(url)}: the URL {problem}: refused", errno.EIO)
             backend = self._backend(url)
+        except FetchError as exc:
+            self._fail(url, str(exc))
+            raise
         except Exception as exc:  # options no filesystem could take, an unusable URL
             self._fail(url, f"{type(exc).__name__}: {exc}")
             raise FetchError(f"{redact(url)}: {type(exc).__name__}: {exc}") from exc
         host_limiter = self._host_limiter(url)
         policy = self.policy
+        trail = [url]
         for n in range(policy.retries + 1):
+            del trail[1:]
             if n:
                 self.stats.retries += 1
                 delay = policy.backoff * 2 ** (n - 1)
@@ -367,7 +388,7 @@ class Fetcher:
                         try:
                             sent = True
                             self.stats.requests += 1
-                            return await attempt(backend)
+                            return await self._follow(url, backend, attempt, trail)
                         finally:
                             self._all.release()
                     finally:
@@ -386,13 +407,74 @@ class Fetcher:
                 self._fail(url, str(exc))
                 raise
             except Exception as exc:
-                err, retry, reason = classify(exc, urlsplit(url).netloc)
+                err, retry, reason = classify(exc, urlsplit(trail[-1]).netloc)
+                if trail[-1] != url:  # a redirect's target failed: say which
+                    reason = f"{reason} (redirected to {redact(trail[-1])})"
                 if not retry:
                     self._fail(url, reason)
                     raise FetchError(f"{redact(url)}: {reason}", err) from exc
             log.debug("attempt %d on %s failed: %s", n + 1, redact(url), reason)
         self._fail(url, reason)
         raise FetchError(f"{redact(url)}: {reason} (after {policy.retries + 1} attempts)")
+
+    async def _follow(
+        self,
+        url: str,
+        backend: Backend,
+        attempt: Callable[[Backend, str], Awaitable[T]],
+        trail: list[str],
+    ) -> T:
+        """``attempt`` on ``url``, and on where its redirects lead (at most
+        ``MAX_REDIRECTS`` hops; see :mod:`refmount.fetch.redirects`), each URL through
+        the backend of its own scope, so that it gets only what is keyed to it; each
+        URL asked is appended to ``trail`` (a failure names the last).
+
+        A hop to a host that ``.netrc`` names (a login) is taken under the login lock,
+        and the rest of the read with it: readers without a session wait for the one
+        logging in, then read again from their first URL, with its cookies.  Where a
+        read without a login ended is remembered (:class:`redirects.Remembered`): the
+        next reads of ``url`` ask there directly while it is valid."""
+        remembered = self._moved.get(url)
+        if remembered is not None:
+            trail.append(remembered)
+            try:
+                return await attempt(self._backend(remembered), remembered)
+            except Exception as exc:  # an expired signature, a moved object: ask again
+                log.debug("%s: its remembered target failed (%s)", redact(url), exc)
+                self._moved.forget(url)
+                del trail[1:]
+        logins = self.logins
+        seen = logins.completed
+        where, retried, hops, holding = url, False, 0, False
+        try:
+            while True:
+                try:
+                    answer = await attempt(backend, where)
+                except redirects.Redirected as moved:
+                    hops += 1
+                    if hops > redirects.MAX_REDIRECTS:
+                        raise redirects.too_many(url) from None
+                    where = redirects.follow(where, moved.location)
+                    log.debug("%s: HTTP %d to %s", redact(moved.url), moved.status, redact(where))
+                    if not holding and logins.has_credentials(place_of(where).host):
+                        await logins.login_lock.acquire()
+                        holding = True
+                        if logins.completed != seen and not retried:
+                            # Another reader logged in meanwhile: its session serves.
+                            logins.login_lock.release()
+                            holding = False
+                            where, retried, hops = url, True, 0
+                    trail.append(where)
+                    backend = self._backend(where)
+                    continue
+                if holding:
+                    logins.completed += 1
+                elif where != url and not retried:
+                    self._moved.keep(url, where)
+                return answer
+        finally:
+            if holding:
+                logins.login_lock.release()
 
     def _fail(self, url: str, reason: str) -> None:
         self.stats.errors += 1
@@ -428,11 +510,12 @@ def is_prefix(key: str) -> bool:
 
 
 def scope_of(url: str) -> str:
-    """``protocol://host`` of a URL (host with its port, without user information; the
-    bucket for object stores): what options and request limits are kept per."""
-    protocol, rest = fsspec.core.split_protocol(url)
-    host = rest.partition("/")[0].rpartition("@")[2].lower()
-    return f"{protocol or 'file'}://{host}"
+    """``protocol://host[:port]`` of a URL (the bucket for object stores), by the parse
+    the connection uses (:func:`refmount.authority.place_of`): what options and request
+    limits are kept per.  ValueError for a URL whose host parsers read differently."""
+    if url.endswith("://"):  # a protocol's own scope
+        return url.lower()
+    return place_of(url).scope
 
 
 def classify(exc: BaseException, host: str = "") -> tuple[int, bool, str]:

@@ -21,6 +21,7 @@ from urllib.parse import unquote
 import fsspec.core
 
 from refmount import header_text
+from refmount.authority import authority_problem
 from refmount.errors import FetchError
 from refmount.protocols import LOCAL_PROTOCOLS
 from refmount.redaction import redact_url
@@ -70,6 +71,8 @@ class Containers:
             shown = header_text.escaped(redact_url(url), 80)
             raise FetchError(f"{key}: virtual chunk URL {shown!r} {problem}: refused")
         url = self.expand(url, key)
+        if (problem := authority_problem(url)) is not None:
+            raise FetchError(f"{key}: virtual chunk URL {redact_url(url)!r} {problem}: refused")
         protocol, path = fsspec.core.split_protocol(url)
         local = protocol in LOCAL_PROTOCOLS
         if local:

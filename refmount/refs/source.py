@@ -64,7 +64,15 @@ class Found:
 
 
 def filesystem_for(url: str, options: Mapping[str, Any], name: str) -> tuple[Any, str]:
-    """The fsspec filesystem and path of a refs location (``name`` is for messages)."""
+    """The fsspec filesystem and path of a refs location (``name`` is for messages).
+
+    A JSON file over ``http(s)://`` is read through refmount's own fetcher
+    (:mod:`refmount.refs.web`): with the ``.netrc`` credentials, cookies and redirect
+    rules its chunks are read with."""
+    if url.startswith(("http://", "https://")) and json_named(url):
+        from refmount.refs.web import WebRefsFileSystem  # the fetcher, only when needed
+
+        return WebRefsFileSystem(url, options), url
     try:
         return fsspec.core.url_to_fs(url, **options)
     except Exception as exc:  # unknown protocol, missing package, bad options, ...

@@ -11,8 +11,10 @@ from urllib.parse import urlsplit, urlunsplit
 import fsspec.core
 
 from refmount import header_text
+from refmount.authority import authority_problem
 from refmount.errors import RefsError
 from refmount.protocols import LOCAL_PROTOCOLS
+from refmount.redaction import redact_url
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,9 @@ class UrlResolver:
 
     A reference set read from a non-local location may not point at local files unless
     ``allow_local`` is set: a downloaded refs file must not read the machine's files.
-    A URL holding a control character (a CR LF would end a request line) is refused.
+    A URL holding a control character (a CR LF would end a request line) is refused,
+    and so is a remote URL whose host parsers read differently (``http://a?@b/``, see
+    :mod:`refmount.authority`).
     """
 
     refs_url: str
@@ -56,12 +60,12 @@ class UrlResolver:
         protocol, path = fsspec.core.split_protocol(url)
         if protocol is None:
             if self.remote_protocol and self.remote_protocol not in LOCAL_PROTOCOLS:
-                return f"{self.remote_protocol}://{url}"
+                return _one_place(f"{self.remote_protocol}://{url}")
             if not self.refs_is_local and not url.startswith("/"):
                 return self._join_remote(url)
             protocol, path = "file", posixpath.join(self._base, url)
         if protocol not in LOCAL_PROTOCOLS:
-            return url
+            return _one_place(url)
         if not (self.refs_is_local or self.allow_local):
             raise RefsError(
                 f"target {url!r} is a local file, but the reference set is not local; "
@@ -76,6 +80,13 @@ class UrlResolver:
         root, _, directory = rest.partition("/")
         path = posixpath.normpath(posixpath.join("/" + directory, relative))
         return f"{protocol}://{root}{path}"
+
+
+def _one_place(url: str) -> str:
+    """``url``, unless its host could be read as another by another parser."""
+    if (problem := authority_problem(url)) is not None:
+        raise RefsError(f"target URL {redact_url(url)!r} {problem}: refused")
+    return url
 
 
 _WEB_PROTOCOLS = ("http://", "https://")

@@ -5,6 +5,7 @@ machine does not trust until told to (``SSL_CERT_FILE``, a ``ca_bundle`` option)
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,15 +23,18 @@ def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
 
-def make_certificates(directory: Path, name: str = "refmount test CA") -> Certificates:
-    """A new CA and a certificate for ``127.0.0.1`` (and ``localhost``) in ``directory``."""
+def make_certificates(
+    directory: Path, name: str = "refmount test CA", addresses: Sequence[str] = (HOST,)
+) -> Certificates:
+    """A new CA and a certificate for ``addresses`` (``127.0.0.1``; and ``localhost``)
+    in ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     files = Certificates(directory / "ca.pem", directory / "server.pem", directory / "server.key")
     ca_key = directory / "ca.key"
     request = directory / "server.csr"
     extensions = directory / "server.ext"
     extensions.write_text(
-        f"subjectAltName=IP:{HOST},DNS:localhost\n"
+        f"subjectAltName={','.join(f'IP:{a}' for a in addresses)},DNS:localhost\n"
         "basicConstraints=critical,CA:FALSE\n"
         "keyUsage=critical,digitalSignature,keyEncipherment\n"
         "extendedKeyUsage=serverAuth\n"

@@ -13,10 +13,16 @@ hand-over, 0.09 ms per chunk for the same requests in-process
 at once and closes its connection; nothing is left running.
 
 What this client does not do itself goes to the backend that did it before (obstore,
-or fsspec where obstore cannot serve or the scope has headers of the user's): sizes and
-versions (HEAD, rare), URLs with user information, a query or a fragment, hosts reached
-through a proxy (``http_proxy``), and redirects (each redirected URL is remembered and
-asked there directly; which are followed is :mod:`refmount.fetch.redirects`').  TLS
+or fsspec where obstore cannot serve or the scope has headers of the user's): versions
+and sizes (HEAD, rare; sizes here when a login is in play), paths that are not plain
+ASCII, hosts reached through a proxy
+(``http_proxy``), and an S3 endpoint's redirects (each redirected URL is remembered and
+asked there directly).  An ``http://`` or ``https://`` redirect is the fetcher's to
+follow (:class:`~refmount.fetch.redirects.Redirected`): the new URL is asked through the
+backend of its own origin, with nothing keyed to this one.  Each request to a host that
+``.netrc`` names carries its Basic credentials, and each carries the cookies the
+process's jar holds for its URL; cookies an answer sets are kept there
+(:mod:`refmount.fetch.logins`).  TLS
 (``https://``, and ``s3://`` endpoints over https) is a non-blocking ``ssl.SSLSocket``
 (:mod:`refmount.fetch.http.tls`) that decrypts into the same buffers; ``s3://`` requests
 are addressed and signed by :mod:`refmount.fetch.http.s3` and
@@ -44,9 +50,9 @@ import logging
 import re
 import ssl
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import lru_cache
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 import trio
@@ -61,13 +67,19 @@ from refmount.fetch.http.pool import ConnectionPool
 from refmount.fetch.http.response import Head
 from refmount.fetch.http.s3 import S3Client
 from refmount.fetch.http.sigv4 import Signer
+from refmount.fetch.logins import Logins, for_process
+from refmount.fetch.redirects import Redirected
 from refmount.redaction import redact
 from refmount.refs.model import Checksum
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Redirected URLs remembered (asked through the fallback directly).
 REDIRECTS_KEPT = 4096
+#: A redirect's or refusal's body read (and its connection kept) up to this size;
+#: a longer one closes the connection.
+SMALL_BODY = 64 << 10
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _USER_AGENT = "refmount"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -128,13 +140,16 @@ def _target(url: str, scheme: str) -> _Target | None:
     """Where an ``http://`` or ``https://`` URL's request goes (``scheme`` being the
     backend's), or None for one this client leaves to the fallback."""
     parts = urlsplit(url)
-    if parts.scheme != scheme or parts.query or parts.fragment or "@" in parts.netloc:
+    if parts.scheme != scheme or "@" in parts.netloc:
         return None
     try:
         host, port = parts.hostname, parts.port or _DEFAULT_PORTS[scheme]
     except ValueError:
         return None
-    return target_of(scheme, host or "", port, parts.path or "/")
+    path = parts.path or "/"
+    if parts.query:  # a pre-signed URL's signature, an OAuth step's parameters
+        path = f"{path}?{parts.query}"
+    return target_of(scheme, host or "", port, path)
 
 
 def _proxied(scheme: str, host: str) -> bool:
@@ -191,8 +206,13 @@ class HttpBackend:
         tls: ssl.SSLContext | None = None,
         s3: S3Client | None = None,
         buffers: BufferPool | None = None,
+        logins: Logins | None = None,
     ) -> None:
         self.headers = _checked_headers(headers)
+        #: .netrc credentials and cookies, for http:// and https:// (not S3's signed
+        #: requests)
+        self.logins = (logins or for_process()) if s3 is None else None
+        self._authorized = any(name.lower() == "authorization" for name in self.headers)
         #: where bodies' buffers come from (the block cache's evicted parts')
         self.buffers = buffers if buffers is not None else BufferPool()
         self.fallback = fallback
@@ -211,12 +231,56 @@ class HttpBackend:
         target = self._locate(url)
         if target is None or url in self._redirected:
             return await self.fallback.read(url, start, end, checksum)
+
+        async def body(connection: Connection, head: Head) -> bytes:
+            return await _body(url, connection, head, start, end, checksum, self.buffers)
+
+        async def elsewhere() -> bytes:
+            return await self.fallback.read(url, start, end, checksum)
+
+        return await self._ask(url, target, start, end, checksum, body, elsewhere)
+
+    async def size(self, url: str) -> int:
+        """The size of an ``http://`` or ``https://`` file.  With a login in play
+        (``.netrc`` credentials, cookies in the jar): the total of the ``Content-Range``
+        of a one-byte GET, asked like a read (its redirects, cookies and credentials
+        too; pre-signed URLs refuse HEAD).  Otherwise the fallback's HEAD."""
+        target = self._locate(url)
+        logins = self.logins
+        in_play = logins is not None and (bool(logins.credentials) or bool(len(logins.jar)))
+        if target is None or not in_play or url in self._redirected:
+            return await self.fallback.size(url)
+
+        async def total(connection: Connection, head: Head) -> int:
+            return await _size_of(url, connection, head)
+
+        async def elsewhere() -> int:
+            return await self.fallback.size(url)
+
+        return await self._ask(url, target, 0, 1, None, total, elsewhere)
+
+    async def _ask(
+        self,
+        url: str,
+        target: _Target,
+        start: int,
+        end: int,
+        checksum: Checksum | None,
+        answer: Callable[[Connection, Head], Awaitable[T]],
+        elsewhere: Callable[[], Awaitable[T]],
+    ) -> T:
+        """Send the request for bytes ``[start, end)`` of ``url`` and make ``answer``
+        of a data answer's head and body; a redirect is :class:`Redirected`, a 401 a
+        refusal (EACCES), an S3 endpoint's redirect ``elsewhere()``."""
+        if self.logins is not None and (why := self.logins.refusal(target.host)) is not None:
+            raise FetchError(f"{why}; not asked again for a while", errno.EACCES)
         signer = None
         if self.s3 is not None and self.s3.credentials is not None:
             signer = await self.s3.credentials.signer()
             if signer is None:  # botocore's chain found none: as before, obstore looks
-                return await self.fallback.read(url, start, end, checksum)
-        request = request_head(target, start, end, self.headers, checksum, self.s3, signer)
+                return await elsewhere()
+        headers = self._headers(url, target)
+        request = request_head(target, start, end, headers, checksum, self.s3, signer)
         if (target.host, target.port) not in self._hosts_seen:
             self._hosts_seen.add((target.host, target.port))
             log.info(
@@ -224,6 +288,7 @@ class HttpBackend:
                 self.scheme, target.host, target.port, " (S3, SigV4)" if self.s3 else "",
             )  # fmt: skip
         connection = await self.pool.take(target.host, target.port)
+        failure: Exception | None = None
         try:
             try:
                 await connection.send(request)
@@ -237,31 +302,69 @@ class HttpBackend:
                 connection = await self.pool.take_new(target.host, target.port)
                 await connection.send(request)
                 head = await connection.read_head()
-            if head.status in _REDIRECTS:
+            if self.logins is not None and head.cookies:
+                self.logins.keep(url, list(head.cookies))
+            if head.status in _REDIRECTS and self.s3 is not None:
                 self._remember_redirect(url, head)
                 connection.close()
-                return await self.fallback.read(url, start, end, checksum)
-            data = await _body(url, connection, head, start, end, checksum, self.buffers)
+                return await elsewhere()
+            if head.status in _REDIRECTS:
+                reusable = await _drained(connection, head)
+                failure = Redirected(url, head.status, head.get("location"))
+            elif head.status == 401 and self.logins is not None:
+                reusable = await _drained(connection, head)
+                failure = self._refused(target)
+            else:
+                value = await answer(connection, head)
+                reusable = not connection.closed
         except BaseException:
             connection.close()
             raise
-        if head.keeps_alive:
+        if reusable and head.keeps_alive:
             self.pool.give_back(target.host, target.port, connection)
         else:
             connection.close()
-        return data
+        if failure is not None:
+            raise failure
+        return value
 
     def start(self, nursery: trio.Nursery) -> None:
         """Run the connection pool's expiry in ``nursery`` (see :mod:`.pool`)."""
         self.pool.start(nursery)
 
+    def _headers(self, url: str, target: _Target) -> Mapping[str, str]:
+        """The user's headers, with the host's ``.netrc`` credentials (unless the user
+        gave an ``Authorization`` of their own) and the jar's cookies for ``url``."""
+        logins = self.logins
+        if logins is None:
+            return self.headers
+        extra = {}
+        if not self._authorized and (basic := logins.basic(target.host)) is not None:
+            extra["Authorization"] = basic
+        if (cookie := logins.cookie(url)) is not None:
+            extra["Cookie"] = cookie
+        return {**self.headers, **extra} if extra else self.headers
+
+    def _refused(self, target: _Target) -> FetchError:
+        """A 401, final (a retry is refused the same: no storm of logins), saying what
+        was sent.  A host that refused its .netrc credentials is not asked again for a
+        while (``Logins.refusal``)."""
+        host = target.host_header
+        if self.logins is not None and self.logins.has_credentials(target.host):
+            why = f"the login to {host} was refused (HTTP 401) with its .netrc credentials"
+            if not self._authorized:
+                self.logins.refused(target.host, why)
+            return FetchError(why, errno.EACCES)
+        if self._authorized:
+            return FetchError(f"{host} refused the Authorization given for it (HTTP 401)",
+                              errno.EACCES)  # fmt: skip
+        return FetchError(f"{host} asks for a login (HTTP 401), and .netrc has no entry for it",
+                          errno.EACCES)  # fmt: skip
+
     def _locate(self, url: str) -> _Target | None:
         if self.s3 is None:
             return _target(url, self.scheme)
         return _s3_target(self.s3, url)
-
-    async def size(self, url: str) -> int:
-        return await self.fallback.size(url)
 
     async def version(self, url: str) -> Version:
         return await self.fallback.version(url)
@@ -335,6 +438,40 @@ async def _body(
     if status == 200 and size < length:
         connection.close()  # the rest of the object is not read
     return data
+
+
+async def _drained(connection: Connection, head: Head) -> bool:
+    """Read a small body (a redirect's, a refusal's) to its end, so that the connection
+    can serve the next request; whether it can (a long or unframed body is left
+    unread, and the connection must then be closed)."""
+    try:
+        length = head.framing()
+    except Exception:
+        return False
+    if length > SMALL_BODY:
+        return False
+    with memoryview(bytearray(length)) as into:
+        await connection.read_body(into)
+    return True
+
+
+async def _size_of(url: str, connection: Connection, head: Head) -> int:
+    """The object's size from the answer to a one-byte GET: a 206's ``Content-Range``
+    total, or a 200's length (the server ignored ``Range``; its body is left unread)."""
+    if head.status == 404:
+        raise FetchError(f"{redact(url)}: HTTP 404: not found", errno.EIO)
+    if head.status not in (200, 206):
+        raise HttpStatus(head.status)
+    length = head.framing()
+    if head.status == 200:
+        connection.close()
+        return length
+    content_range = head.content_range()
+    if content_range is None or content_range[2] is None:
+        raise WrongAnswer("a 206 that tells no size (Content-Range total)")
+    if not await _drained(connection, head):
+        connection.close()
+    return content_range[2]
 
 
 @lru_cache(maxsize=REDIRECTS_KEPT)

@@ -44,6 +44,9 @@ class Head:
     status: int
     minor_version: int  # HTTP/1.<minor>
     headers: dict[str, str]
+    #: each ``Set-Cookie`` value on its own: joined with ``", "`` they could not be told
+    #: apart (an ``Expires`` date holds a comma)
+    cookies: tuple[str, ...] = ()
 
     def get(self, name: str) -> str | None:
         return self.headers.get(name)
@@ -106,14 +109,17 @@ def parse_head(data: bytes | bytearray | memoryview) -> Head:
     if match is None:
         raise ProtocolError(f"status line {lines[0][:60]!r}")
     headers: dict[str, str] = {}
+    cookies: list[str] = []
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
         if not colon or _TOKEN.fullmatch(name) is None or _BAD_IN_VALUE.search(value):
             raise ProtocolError(f"header line {line[:60]!r}")
         key = name.decode("ascii").lower()
         text = value.strip(b" \t").decode("latin-1")
+        if key == "set-cookie":
+            cookies.append(text)
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
-    head = Head(int(match.group(2)), int(match.group(1)), headers)
+    head = Head(int(match.group(2)), int(match.group(1)), headers, tuple(cookies))
     if head.status == 101:
         raise ProtocolError("101 Switching Protocols, to a GET that asked for no switch")
     return head

@@ -31,6 +31,7 @@ import struct
 from refmount.errors import FetchError
 from refmount.fetch.backend import Version, WrongAnswer
 from refmount.fetch.checksums import ChangedObject
+from refmount.fetch.redirects import Redirected
 
 READY = b"RMF1"
 REQUEST = struct.Struct("<4sBQI")
@@ -84,7 +85,9 @@ def encode_error(exc: BaseException) -> bytes:
     status = getattr(exc, "status", None) or getattr(exc, "code", None)
     message = str(exc)[:MAX_MESSAGE]
     fields: tuple[object, ...]
-    if isinstance(exc, ChangedObject):
+    if isinstance(exc, Redirected):  # the daemon's fetcher follows it
+        fields = ("redirected", exc.url, exc.status, exc.location)
+    elif isinstance(exc, ChangedObject):
         fields = ("changed", message, exc.errno)
     elif isinstance(exc, FetchError):
         fields = ("fetch", message, exc.errno)
@@ -119,6 +122,9 @@ def _rebuilt(kind: str, fields: list[object]) -> Exception:
         )
         FetchError.__init__(made, message, err if isinstance(err, int) else errno.EIO)
         return made
+    if kind == "redirected":
+        url, status, location = fields
+        return Redirected(str(url), int(status), None if location is None else str(location))  # type: ignore[call-overload]
     if kind == "wrong":
         return WrongAnswer(str(fields[0]))
     if kind == "not-found":

@@ -326,3 +326,49 @@ def test_a_reload_swaps_the_file_and_an_open_file_keeps_its_bytes(
         assert opened.read() == before  # the file it opened
     with netCDF4.Dataset(path) as ds:
         assert ds["crs"][...] == 8 and list(ds["note"][:]) == [1.5, 2.5]
+
+
+def test_unsigned_arrays_over_many_chunks_read_whole_and_at_any_offset(
+    mount: Callable[..., Mounted], tmp_path: Path
+) -> None:
+    """Unsigned values are wider in a CDF-2 file than served (uint8 as short, uint16 as
+    int, uint32 as double): every chunk's values land at their place, edge chunks, a
+    missing chunk (the fill value) and the padding of an odd count of shorts included,
+    through ``cp`` (the kernel's read-ahead) and through reads at random offsets."""
+    rng = np.random.default_rng(37)
+    arrays = {
+        "u1": (rng.integers(0, 256, (301, 257), dtype="u1"), [64, 100], 255),
+        "u2": (rng.integers(0, 65536, (37, 41), dtype="<u2"), [10, 10], 65535),
+        "u4": (rng.integers(0, 2**32, (33,), dtype="<u4"), [10], None),
+    }
+    refs: dict[str, str] = {".zgroup": '{"zarr_format": 2}'}
+    for name, (values, chunks, fill) in arrays.items():
+        refs[f"{name}/.zarray"] = zarray(list(values.shape), chunks, values.dtype.str, fill)
+        dims = [f"{name}_{i}" for i in range(values.ndim)]
+        refs[f"{name}/.zattrs"] = json.dumps({"_ARRAY_DIMENSIONS": dims})
+        grid = [range(-(-n // c)) for n, c in zip(values.shape, chunks, strict=True)]
+        for index in np.ndindex(*(len(g) for g in grid)):
+            part = np.zeros(chunks, values.dtype) + (fill or 0)
+            box = tuple(slice(i * c, (i + 1) * c) for i, c in zip(index, chunks, strict=True))
+            inside = values[box]
+            part[tuple(slice(0, n) for n in inside.shape)] = inside
+            refs[f"{name}/{'.'.join(map(str, index))}"] = chunk(part)
+    del refs["u1/1.1"]  # absent: its fill value, 255
+    arrays["u1"][0][64:128, 100:200] = 255
+    path = tmp_path / "unsigned.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    served = mount(path, "--netcdf").mountpoint / "unsigned.nc"
+    copy = tmp_path / "copy.nc"
+    shutil.copyfile(served, copy)
+    whole = copy.read_bytes()
+    with netCDF4.Dataset(copy) as ds:
+        ds.set_auto_maskandscale(False)
+        assert [ds[n].dtype for n in arrays] == [np.int16, np.int32, np.float64]
+        for name, (values, _, _) in arrays.items():
+            assert np.array_equal(ds[name][:], values), name
+    draw = random.Random(37)
+    with open(served, "rb", buffering=0) as f:
+        for _ in range(200):
+            start, length = draw.randrange(len(whole)), draw.randrange(1, 5000)
+            f.seek(start)
+            assert f.read(length) == whole[start : start + length], (start, length)

@@ -20,7 +20,16 @@ import pytest
 import xarray as xr
 
 from refmount.netcdf.attributes import variable_attributes, zarr_fill
-from refmount.netcdf.header import NC_BYTE, NC_DOUBLE, NC_FLOAT, NC_SHORT, NC_UBYTE
+from refmount.netcdf.header import (
+    NC_DOUBLE,
+    NC_FLOAT,
+    NC_INT,
+    NC_SHORT,
+    NC_UBYTE,
+    NC_UINT,
+    NC_USHORT,
+)
+from refmount.netcdf.order import cf_order, mapping_names
 from refmount.netcdf.types import FileType, attribute, file_type, from_single
 from tests.support.mounting import REPO, Mounted
 from tests.support.reader_datasets import Dataset, write_datasets, write_packed_netcdf4
@@ -85,17 +94,27 @@ def same_values(got: xr.DataArray, expected: xr.DataArray) -> bool:
     return np.array_equal(got.values, expected.values, equal_nan=expected.dtype.kind in "fcmM")
 
 
-def attributes(variable: xr.DataArray | xr.Dataset) -> dict[str, tuple[str, object]]:
-    """Each attribute's value and type (a float's and a double's differ); an unsigned
-    variable's in CDF-2 (``_Unsigned``) as netCDF-C's convention reads them: unsigned."""
+#: The type an unsigned variable's values and attributes have in a CDF-1/2 file.
+WIDER = {"|u1": "<i2", "<u2": "<i4", "<u4": "<f8"}
+
+
+def attributes(
+    variable: xr.DataArray | xr.Dataset, *, unsigned: bool = False
+) -> dict[str, tuple[str, object]]:
+    """Each attribute's value and type (a float's and a double's differ); with
+    ``unsigned`` (an original unsigned variable), those of the unsigned type as the view's
+    CDF-2 file has them: in the wider type that holds its values."""
     out = {}
-    unsigned = variable.encoding.get("_Unsigned") == "true"
     for name, value in variable.attrs.items():
         array = np.asarray(value)
-        if unsigned and array.dtype.kind == "i":
-            array = array.view(array.dtype.str.replace("i", "u"))
-        out[name] = (array.dtype.str if array.dtype.kind != "U" else "str", array.tolist())
+        dtype = array.dtype.str if array.dtype.kind != "U" else "str"
+        out[name] = (WIDER.get(dtype, dtype) if unsigned else dtype, array.tolist())
     return out
+
+
+def unsigned(variable: xr.DataArray) -> bool:
+    """Whether the original variable is stored unsigned."""
+    return np.dtype(variable.encoding.get("dtype", variable.dtype)).kind == "u"
 
 
 def test_xarray_reads_the_file_as_the_original(served: Served) -> None:
@@ -104,17 +123,20 @@ def test_xarray_reads_the_file_as_the_original(served: Served) -> None:
         assert attributes(view) == attributes(original)
         for name, variable in view.variables.items():
             expected = original[name]
+            wider = unsigned(expected)
             if expected.dtype.kind not in "OU":  # text: xarray reads char arrays as objects
-                assert variable.dtype == expected.dtype, name
+                dtype = expected.dtype.str
+                assert variable.dtype == WIDER.get(dtype, dtype), name
             assert same_values(variable, expected), name
-            assert attributes(variable) == attributes(expected), name
+            assert attributes(variable) == attributes(expected, unsigned=wider), name
             fill = expected.encoding.get("_FillValue")
             if fill is not None:  # the fill value in the variable's type
                 got = np.asarray(variable.encoding.get("_FillValue"))
-                if variable.encoding.get("_Unsigned") == "true":
-                    got = got.view(got.dtype.str.replace("i", "u"))
-                assert got.dtype == np.asarray(fill).dtype, name
-                assert np.array_equal(got, fill, equal_nan=got.dtype.kind == "f"), name
+                want = np.asarray(fill)
+                if wider:  # an unsigned variable's: in the wider type it is written in
+                    want = want.astype(WIDER[want.dtype.str])
+                assert got.dtype == want.dtype, name
+                assert np.array_equal(got, want, equal_nan=got.dtype.kind == "f"), name
 
 
 def test_xarray_reads_the_bundled_example_as_its_original(
@@ -134,7 +156,7 @@ def test_xarray_reads_the_bundled_example_as_its_original(
 
 def test_ncdump_prints_the_original_attributes(served: Served) -> None:
     """Every attribute of the original, as ncdump prints it (its type's suffix), but those
-    of unsigned variables (in CDF-2 their signed type's, beside ``_Unsigned``)."""
+    of unsigned variables (in CDF-2 the wider type's, ``255s`` for ``255UB``)."""
 
     def header(path: Path) -> list[str]:
         done = subprocess.run(["ncdump", "-h", str(path)], capture_output=True, text=True)
@@ -181,22 +203,55 @@ def cdo_unpacked(path: Path, out: Path) -> dict[str, np.ma.MaskedArray]:
 
 def test_cdo_unpacks_as_from_the_original(served: Served, tmp_path: Path) -> None:
     """Every variable CDO copies from the original, copied from the view equal, masks
-    included; but ``crs``: CDO takes a file's first variable's grid for every variable
-    on the same dimensions, and the view's first (``cont``, in Zarr's order) has no
-    grid mapping, so CDO writes none; and an unsigned variable, whose ``_FillValue`` CDO
-    does not read as unsigned in CDF-1/2 (``_Unsigned``; ``--netcdf-format cdf5`` has
-    ``ubyte``)."""
+    included: the grid mapping ``crs`` too (CDO takes it from the first variable on a
+    grid: variables come in CF's order, ``temp`` before ``cont``), and an unsigned
+    variable's fill values (CDO reads a CDF-2 ``_Unsigned`` byte's ``_FillValue`` as
+    signed, so they read as data: unsigned types are written in a wider type)."""
     expected = cdo_unpacked(served.original, tmp_path / "original.nc")
     got = cdo_unpacked(served.nc, tmp_path / "view.nc")
-    assert set(expected) - served.left_out - {"crs"} <= set(got)
-    with netCDF4.Dataset(served.nc) as ds:
-        unsigned = {name for name, v in ds.variables.items() if "_Unsigned" in v.ncattrs()}
+    assert set(expected) - served.left_out <= set(got)
     for name, values in expected.items():
-        if name in got and name not in unsigned:
+        if name in got:
             assert np.array_equal(np.ma.getmaskarray(got[name]), np.ma.getmaskarray(values))
             assert np.array_equal(got[name].compressed(), values.compressed()), name
     if served.name.endswith("-packed"):
         assert expected["precip"].mask.any() and expected["sst"].mask.any()
+        assert expected["flags"].mask.any() and expected["flags"].max() > 127
+    if served.name.endswith("-cf"):
+        assert "crs" in got
+
+
+OCTAVE = (
+    "pkg load netcdf; v = ncread('{path}', '{name}'); "
+    "f = fopen('{out}', 'w'); fwrite(f, double(v(:)), 'double', 0, 'ieee-le'); fclose(f);"
+)
+R = (
+    'library(ncdf4); f <- nc_open("{path}"); v <- ncvar_get(f, "{name}"); '
+    'writeBin(as.double(v), "{out}", size = 8, endian = "little")'
+)
+
+
+@pytest.mark.parametrize("reader", ["octave", "r"])
+def test_octave_and_r_read_an_unsigned_variable_as_the_original(
+    packed: Served, reader: str, tmp_path: Path
+) -> None:
+    """``flags`` (uint8, 255 its fill value, values up to 254): Octave's ``ncread`` and
+    R's ncdf4 ignore ``_Unsigned``, so a CDF-2 byte holding 189 read as -67."""
+
+    def read(path: Path, out: Path) -> np.ndarray:
+        if reader == "octave":
+            script = OCTAVE.format(path=path, name="flags", out=out)
+            argv = ["octave", "--no-gui", "--no-window-system", "-q", "--eval", script]
+        else:
+            argv = ["Rscript", "-e", R.format(path=path, name="flags", out=out)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return np.fromfile(out, "<f8")
+
+    expected = read(packed.original, tmp_path / "original.f8")
+    got = read(packed.nc, tmp_path / "view.f8")
+    assert np.nanmax(expected) > 127 and np.isnan(expected).any()
+    assert np.array_equal(got, expected, equal_nan=True)
 
 
 # -- the rules, without a mount -------------------------------------------------------------
@@ -219,7 +274,11 @@ def test_fill_and_valid_values_take_the_variable_s_type() -> None:
     (fill, valid) = variable_attributes(
         "u", {"_FillValue": 255, "valid_range": [0, 254]}, ubyte, cdf5=False
     )
-    assert (fill.nc_type, fill.values.tolist(), valid.values.tolist()) == (NC_BYTE, [-1], [0, -2])
+    assert (fill.nc_type, fill.values.tolist(), valid.values.tolist()) == (
+        NC_SHORT,
+        [255],
+        [0, 254],
+    )
     (fill,) = variable_attributes("u", {"_FillValue": 255}, kind_of("|u1", cdf5=True), cdf5=True)
     assert (fill.nc_type, fill.values.tolist()) == (NC_UBYTE, [255])  # CDF-5: its own type
     (fill,) = variable_attributes("i", {"_FillValue": -9999}, kind_of("<i8"), cdf5=False)
@@ -249,6 +308,42 @@ def test_packing_attributes_take_the_unpacked_type() -> None:
     assert attribute("r", [0.0, 99.52999877929688], cdf5=False).nc_type == NC_FLOAT
     assert attribute("r", [0.0, 99.5], cdf5=False).nc_type == NC_DOUBLE  # says nothing
     assert not from_single(0.01) and not from_single(0.5) and from_single(0.009999999776482582)
+
+
+def test_unsigned_types_are_written_in_a_wider_type_in_cdf2() -> None:
+    assert [kind_of(d).nc_type for d in ("|u1", "<u2", "<u4")] == [NC_SHORT, NC_INT, NC_DOUBLE]
+    assert [kind_of(d, cdf5=True).nc_type for d in ("|u1", "<u2", "<u4")] == [
+        NC_UBYTE,
+        NC_USHORT,
+        NC_UINT,
+    ]
+    values = np.array([0, 189, 4294967295], "<u4")
+    assert np.frombuffer(kind_of("<u4").convert(values.copy()), ">f8").tolist() == [
+        0.0,
+        189.0,
+        4294967295.0,
+    ]
+    assert bytes(kind_of("|u1").convert(np.array([189], "u1"))) == b"\x00\xbd"
+
+
+def test_variables_come_in_cf_order() -> None:
+    def named(*arrays: tuple[str, dict]) -> list[str]:
+        return [path for path, _, _ in cf_order([(p, None, d) for p, d in arrays])]
+
+    dims = "_ARRAY_DIMENSIONS"
+    assert named(
+        ("cont", {dims: ["y", "x"]}),
+        ("crs", {}),
+        ("g/temp", {dims: ["time", "y", "x"], "grid_mapping": "crs"}),
+        ("time", {dims: ["time"]}),
+        ("x", {dims: ["x"]}),
+    ) == ["time", "x", "crs", "g/temp", "cont"]
+    # CF's extended form names mappings with a colon, the coordinates after them
+    assert mapping_names({"grid_mapping": "crsOSGB: x y crsWGS84: lat lon"}) == [
+        "crsOSGB",
+        "crsWGS84",
+    ]
+    assert mapping_names({"grid_mapping": "crs"}) == ["crs"] and mapping_names({}) == []
 
 
 def test_which_zarr_fill_values_stand_for_a_fill_value() -> None:

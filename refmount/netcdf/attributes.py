@@ -8,7 +8,7 @@ variable's type.  So, following CF:
 
 - ``_FillValue``, ``missing_value``, ``valid_min``, ``valid_max`` and ``valid_range``
   are written in the variable's (packed) type, each value converted exactly (an
-  unsigned variable's as the bytes of its file type, beside ``_Unsigned``); a value the
+  unsigned variable's in the wider type it is written in); a value the
   type does not hold is written as any other attribute (logged; a ``_FillValue`` is left
   out: netCDF-C would refuse the file).  A ``_FillValue`` may be spelled ``"NaN"``,
   ``"Infinity"``, ``"-Infinity"``, or, as xarray writes floats' into Zarr v2 attributes,
@@ -172,7 +172,7 @@ def zarr_fill(meta: dict[str, Any], *, scalar: bool, kind: FileType) -> Any:
     number = _number(value, kind)
     if number is None or number == 0:
         return None
-    if scalar and number == TYPES[kind.nc_type][1] and not kind.unsigned:
+    if scalar and number == TYPES[kind.nc_type][1]:
         return None
     return value
 

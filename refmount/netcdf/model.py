@@ -1,19 +1,19 @@
 """The netCDF files of a decoded view: which groups become files, and each file's header
 and variables, from the metadata alone (no chunk is read).
 
-A group's arrays are its file's variables, in the view's listing order.  Dimensions come
-from ``_ARRAY_DIMENSIONS`` (a Zarr v3 array's ``dimension_names`` are presented so by
-the decoded view); an array without names gets ``<array>_dim<i>``; a name met again with
-another length is a new dimension ``<name>_<length>`` (logged).  A rank-0 array is a
-scalar variable.  ``|S<n>`` arrays take a last dimension ``strlen<n>``, and those
-holding text (``<U<n>``, ``vlen-utf8``) ``_Encoding = "utf-8"``; an ``|S1`` array is a
-char array already (a netCDF file's ``char name(station, strlen)`` as kerchunk and
-VirtualiZarr reference it), served as it is.  Attributes are the decoded view's
-``.zattrs`` (CF time units of datetimes included) without ``_ARRAY_DIMENSIONS``, in the
-types CF gives them (:mod:`refmount.netcdf.attributes`).  The values start
-:data:`HEADER_BLOCKS` blocks into the file, past what reading the header brings in.
-What the decoded view leaves out, and arrays whose type netCDF classic has no place
-for, are left out of the file, logged and listed by ``refmount check --netcdf``.
+A group's arrays are its file's variables, in CF's order (:mod:`refmount.netcdf.order`).
+Dimensions come from ``_ARRAY_DIMENSIONS`` (a Zarr v3 array's ``dimension_names`` are
+presented so by the decoded view); an array without names gets ``<array>_dim<i>``; a
+name met again with another length is a new dimension ``<name>_<length>`` (logged). A
+rank-0 array is a scalar variable. ``|S<n>`` arrays take a last dimension ``strlen<n>``,
+and those holding text (``<U<n>``, ``vlen-utf8``) ``_Encoding = "utf-8"``; an ``|S1``
+array is a char array already (a netCDF file's ``char name(station, strlen)`` as
+kerchunk and VirtualiZarr reference it), served as it is. Attributes are the decoded
+view's ``.zattrs`` (CF time units of datetimes included) without ``_ARRAY_DIMENSIONS``,
+in the types CF gives them (:mod:`refmount.netcdf.attributes`). The values start
+:data:`HEADER_BLOCKS` blocks into the file, past what reading the header brings in. What
+the decoded view leaves out, and arrays whose type netCDF classic has no place for, are
+left out of the file, logged and listed by ``refmount check --netcdf``.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from refmount.netcdf.header import (
 )
 from refmount.netcdf.names import file_keys
 from refmount.netcdf.options import NO_RECORD_DIM
+from refmount.netcdf.order import cf_order
 from refmount.netcdf.types import FileType, TypeRefused, attribute, file_type
 from refmount.netcdf.wide import Wide, plan, time_unit
 from refmount.refs.model import BLOCK_SIZE
@@ -212,7 +213,7 @@ async def build(
             array = view.array_at(path)
             assert isinstance(array, Array)
             documents.append((path, array, await _document(view, path)))
-        described[group] = (await _document(view, group), documents)
+        described[group] = (await _document(view, group), cf_order(documents))
     fills = zarr_fills_mean_fill_values(view, described.values())
     keys, files.left_out_groups = file_keys(name, list(described))
     for group, (global_attributes, arrays) in described.items():
@@ -520,8 +521,6 @@ class _Builder:
             document = {**document, "_FillValue": wide.keep}
         fill = zarr_fill(meta, scalar=array.scalar, kind=kind) if self.zarr_fills else None
         attributes = variable_attributes(path, document, kind, cdf5=self.cdf5, fill=fill)
-        if kind.unsigned and "_Unsigned" not in document:
-            attributes.append(attribute("_Unsigned", "true", cdf5=self.cdf5))
         if kind.width is not None and _text(array) and ENCODING not in document:
             attributes.append(attribute(ENCODING, "utf-8", cdf5=self.cdf5))
         variable = Variable(

@@ -4,8 +4,12 @@ Values (the decoded view's served dtype, :mod:`refmount.decode.dtypes`):
 
 - int8, int16, int32, float32, float64: NC_BYTE, NC_SHORT, NC_INT, NC_FLOAT, NC_DOUBLE;
 - bool (served as uint8): NC_BYTE;
-- unsigned: in CDF-5 its own type (NC_UBYTE, ...); in CDF-1/2 the signed type of its
-  size with ``_Unsigned = "true"`` (the bytes unchanged);
+- unsigned: in CDF-5 its own type (NC_UBYTE, ...); in CDF-1/2 the next wider type
+  that holds every value (uint8 NC_SHORT, uint16 NC_INT, uint32 NC_DOUBLE), each value
+  converted.  Not the signed type of its size with ``_Unsigned = "true"`` (netCDF's
+  convention): Octave's ``ncread`` and R's ncdf4 ignore that attribute and read the
+  values past the signed range as negative numbers, and CDO reads the data as unsigned
+  but its ``_FillValue`` as signed, so fill values read as data;
 - int64 and uint64 (datetimes included, served as int64 with CF units): NC_INT64 and
   NC_UINT64 in CDF-5; in CDF-1/2 NC_DOUBLE, each value converted exactly, a value a
   double cannot hold failing its read (EIO), never rounded.  Debian's GDAL 3.6, R's
@@ -14,8 +18,9 @@ Values (the decoded view's served dtype, :mod:`refmount.decode.dtypes`):
 - fixed-width bytes ``|S<n>`` (strings, ``--decode-strings fixed`` alike): NC_CHAR with
   a last dimension of length ``n``.
 
-Each value keeps its size in the file, so a value's offset is its index times its size
-in either view.  Attributes (JSON): text as NC_CHAR, integers as NC_INT (wider ones as
+A value's offset in the file is its index times its size there (:attr:`FileType.itemsize`:
+an unsigned value's is larger than served, a time's written as ``int`` smaller).
+Attributes (JSON): text as NC_CHAR, integers as NC_INT (wider ones as
 NC_INT64 in CDF-5, else as exact doubles), numbers that are floats' values written out
 (:func:`from_single`) as NC_FLOAT, other numbers as NC_DOUBLE, lists of numbers alike;
 anything else as its JSON text.  :mod:`refmount.netcdf.attributes` gives those CF reads
@@ -50,6 +55,8 @@ from refmount.netcdf.header import (
 
 _SIGNED = {1: NC_BYTE, 2: NC_SHORT, 4: NC_INT}
 _UNSIGNED = {1: NC_UBYTE, 2: NC_USHORT, 4: NC_UINT}
+#: CDF-1/2's type holding every value of an unsigned type of each size.
+_WIDER = {1: NC_SHORT, 2: NC_INT, 4: NC_DOUBLE}
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 INT32 = (-(1 << 31), (1 << 31) - 1)
 FLOAT_MAX = float(np.finfo(np.float32).max)
@@ -63,7 +70,8 @@ class TypeRefused(Exception):
 class FileType:
     """How one array's decoded values are written: ``served`` the decoded view's dtype
     (little-endian), ``nc_type`` the file's, ``width`` the char length of ``|S<n>``;
-    ``unsigned`` adds ``_Unsigned = "true"``; ``as_double`` converts 64-bit integers;
+    ``widen`` converts unsigned values to the wider ``nc_type``; ``as_double`` converts
+    64-bit integers;
     ``divisor`` divides a CF time's values (written in a coarser unit), but ``keep``
     (its fill value); ``narrow`` writes 64-bit integers (a time) as ``int``, ``keep``
     as ``int``'s default fill."""
@@ -71,7 +79,7 @@ class FileType:
     served: np.dtype
     nc_type: int
     width: int | None = None
-    unsigned: bool = False
+    widen: bool = False
     as_double: bool = False
     divisor: int = 1
     keep: int | None = None
@@ -97,6 +105,8 @@ class FileType:
             values = as_int(values, self.keep)
         if self.as_double:
             values = exact_doubles(values)
+        elif self.widen:
+            values = values.astype(self.file_dtype)
         elif self.width is None and values.itemsize > 1:
             values.byteswap(inplace=True)
         return memoryview(np.ascontiguousarray(values)).cast("B")
@@ -161,7 +171,7 @@ def file_type(
     if kind == "u" and size in _UNSIGNED:
         if cdf5:
             return FileType(served, _UNSIGNED[size])
-        return FileType(served, _SIGNED[size], unsigned=True)
+        return FileType(served, _WIDER[size], widen=True)
     if kind in "iu" and size == 8:
         if narrow and not cdf5:
             return FileType(served, NC_INT, divisor=divisor, keep=keep, narrow=True)

@@ -338,6 +338,14 @@ def test_variables_come_in_cf_order() -> None:
         ("time", {dims: ["time"]}),
         ("x", {dims: ["x"]}),
     ) == ["time", "x", "crs", "g/temp", "cont"]
+    # coordinates in the order of the dimensions of the variables they describe, as the
+    # original's writer defined them (examples/air: time, lat, lon), not by name
+    assert named(
+        ("air", {dims: ["time", "lat", "lon"]}),
+        ("lat", {dims: ["lat"]}),
+        ("lon", {dims: ["lon"]}),
+        ("time", {dims: ["time"]}),
+    ) == ["time", "lat", "lon", "air"]
     # CF's extended form names mappings with a colon, the coordinates after them
     assert mapping_names({"grid_mapping": "crsOSGB: x y crsWGS84: lat lon"}) == [
         "crsOSGB",

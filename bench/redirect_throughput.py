@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support.certificates import make_certificates
 from tests.support.mounting import REFMOUNT, child_env, unmount
-from tests.support.nginx import ECHO_MODULE
+from tests.support.nginx import nginx_main
 from tests.support.servers import free_port
 
 CHUNK = 256 << 10
@@ -43,28 +43,9 @@ ARCHIVE, PRESIGNED = "127.0.0.3", "127.0.0.4"
 def nginx_config(root: Path, port: int, prefix: Path, cert: Path, key: Path) -> str:
     tls = f"ssl_certificate {cert}; ssl_certificate_key {key}; ssl_session_cache off;"
     signature = "X-Amz-Expires=3600&X-Amz-Signature=0123456789abcdef0123456789abcdef"
-    return f"""
-load_module {ECHO_MODULE};
-daemon off;
-master_process on;
-worker_processes 1;
-user root;
-pid {prefix}/nginx.pid;
-error_log stderr warn;
-events {{ worker_connections 1024; }}
-http {{
-    access_log off;
-    sendfile on;
-    tcp_nopush off;
-    keepalive_requests 100000;
-    keepalive_timeout 120s;
-    client_body_temp_path {prefix}/body;
-    proxy_temp_path {prefix}/proxy;
-    fastcgi_temp_path {prefix}/fastcgi;
-    uwsgi_temp_path {prefix}/uwsgi;
-    scgi_temp_path {prefix}/scgi;
-    types {{ }}
-    default_type application/octet-stream;
+    return nginx_main(
+        prefix,
+        f"""
     server {{
         listen {PRESIGNED}:{port} ssl;
         {tls}
@@ -75,9 +56,8 @@ http {{
         {tls}
         access_log {prefix}/archive.log;
         location / {{ return 307 https://{PRESIGNED}:{port}$uri?{signature}; }}
-    }}
-}}
-"""
+    }}""",
+    )
 
 
 def write_refs(path: Path, url: str, chunks: int) -> list[str]:

@@ -63,6 +63,24 @@ def nginx_config(
             f"listen {HOST}:{tls_port} ssl;\n        ssl_certificate {files.cert};\n"
             f"        ssl_certificate_key {files.key};\n        ssl_session_cache off;"
         )
+    server = f"""
+    server {{
+        listen {HOST}:{port};
+        {secure}
+        root {root};
+        {listing}
+        location / {{
+            {wait}
+        }}
+        location @static {{ }}
+    }}"""
+    return nginx_main(prefix, server, access=access)
+
+
+def nginx_main(prefix: Path, servers: str, *, access: str = "access_log off;") -> str:
+    """nginx's configuration around ``servers`` (its ``server`` blocks): in the
+    foreground, one worker, temporary files and pid under ``prefix``, ranges and
+    kept-alive connections as refmount's tests and benchmarks want them."""
     return f"""
 load_module {ECHO_MODULE};
 daemon off;
@@ -87,17 +105,7 @@ http {{
     uwsgi_temp_path {prefix}/uwsgi;
     scgi_temp_path {prefix}/scgi;
     types {{ }}
-    default_type application/octet-stream;
-    server {{
-        listen {HOST}:{port};
-        {secure}
-        root {root};
-        {listing}
-        location / {{
-            {wait}
-        }}
-        location @static {{ }}
-    }}
+    default_type application/octet-stream;{servers}
 }}
 """
 
